@@ -1,0 +1,94 @@
+"""Atomic, verified checkpoints ("never lose a run").
+
+A checkpoint is written to a temp file in the run directory, fsynced, then renamed, so a
+kill at any moment leaves either the old or the new file, never half of one. A sha256
+sidecar (written the same way, after the checkpoint) lets `load_latest` detect a
+truncated/corrupt file and fall back to the previous one with a one-line warning.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+CKPT_RE = re.compile(r"^checkpoint_(\d{8})\.pt$")
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def save_checkpoint(run_dir: Path, step: int, state: dict[str, Any], keep: int = 2) -> Path:
+    """Write checkpoint_<step>.pt atomically, then its checksum; prune to `keep` newest."""
+    path = run_dir / f"checkpoint_{step:08d}.pt"
+    fd, tmp = tempfile.mkstemp(dir=run_dir, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        digest = _sha256(Path(tmp))
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    atomic_write_bytes(path.with_suffix(".pt.sha256"), digest.encode())
+    for old in list_checkpoints(run_dir)[:-keep] if keep > 0 else []:
+        old.unlink(missing_ok=True)
+        old.with_suffix(".pt.sha256").unlink(missing_ok=True)
+    return path
+
+
+def list_checkpoints(run_dir: Path) -> list[Path]:
+    """Checkpoints of a run directory, oldest first."""
+    if not run_dir.is_dir():
+        return []
+    return sorted(p for p in run_dir.iterdir() if CKPT_RE.match(p.name))
+
+
+class CheckpointError(RuntimeError):
+    pass
+
+
+def load_checkpoint(path: Path) -> dict[str, Any]:
+    sidecar = path.with_suffix(".pt.sha256")
+    if not sidecar.exists():
+        raise CheckpointError(f"{path.name}: no checksum file (write interrupted)")
+    if _sha256(path) != sidecar.read_text().strip():
+        raise CheckpointError(f"{path.name}: checksum mismatch (truncated or corrupt)")
+    try:
+        return torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as e:  # unpickling errors come in many types
+        raise CheckpointError(f"{path.name}: cannot be loaded ({type(e).__name__}: {e})") from e
+
+
+def load_latest(run_dir: Path, warn=print) -> dict[str, Any] | None:
+    """The newest checkpoint that verifies and loads; bad ones are reported and skipped."""
+    for path in reversed(list_checkpoints(run_dir)):
+        try:
+            return load_checkpoint(path)
+        except CheckpointError as e:
+            warn(f"warning: skipping checkpoint {e}; trying the previous one")
+    return None

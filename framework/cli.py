@@ -1,0 +1,88 @@
+"""Command-line glue around Hydra: default experiment, clear one-line errors, run dirs."""
+from __future__ import annotations
+
+import difflib
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from framework.config import ConfigError
+from framework.experiment import config_hash, fresh_dir, read_results, remove_if_empty
+
+CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+DEFAULT_EXP = "mini_moe"
+
+
+def experiment_names() -> list[str]:
+    return sorted(p.stem for p in (CONFIGS / "exp").glob("*.yaml"))
+
+
+def check_experiment(name: str) -> None:
+    names = experiment_names()
+    if name not in names:
+        close = difflib.get_close_matches(name, names, n=3, cutoff=0.4)
+        hint = f" Did you mean {', '.join(close)}?" if close else ""
+        raise ConfigError(f"unknown experiment {name!r}.{hint} "
+                          f"See configs/exp/ ({len(names)} experiments).")
+
+
+def prepare_argv(argv: list[str]) -> None:
+    """Add `+exp=mini_moe` when no experiment is named; refuse an unknown one early."""
+    exps = [a.split("=", 1)[1] for a in argv[1:] if a.lstrip("+").startswith("exp=")]
+    try:
+        for name in exps:
+            check_experiment(name)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(1)
+    if not exps and not any(a in ("--help", "-h", "--hydra-help") for a in argv[1:]):
+        argv.insert(1, f"+exp={DEFAULT_EXP}")
+
+
+def prepare_run_dir(cfg: dict[str, Any]) -> Path | None:
+    """The run directory for this config, or None if this exact run already finished."""
+    from hydra.core.hydra_config import HydraConfig
+
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    if cfg.get("mode", "train") != "train":
+        return run_dir
+    done = read_results(run_dir)
+    if done is not None:
+        if cfg.get("fresh"):
+            new = fresh_dir(run_dir)
+            print(f"fresh=true: {run_dir} is kept; starting a new run in {new}")
+            remove_if_empty(run_dir)
+            new.mkdir(parents=True)
+            return new
+        if done.get("config_hash") == config_hash(cfg):
+            metric = done.get("metric", "loss")
+            print(f"this run already finished: valid {metric} "
+                  f"{done['valid'][metric]:.4f}, test {metric} {done['test'][metric]:.4f}; "
+                  f"results in {run_dir / 'results.json'} (fresh=true starts a new run)")
+            return None
+        raise ConfigError(f"{run_dir} holds a finished run with another config; "
+                          f"pass fresh=true or hydra.run.dir=<new dir>")
+    return run_dir
+
+
+@contextmanager
+def handle_errors():
+    """Turn the errors a user can fix into one line on stderr and exit code 1."""
+    from hydra.core.hydra_config import HydraConfig
+
+    from framework.checkpoint import CheckpointError
+    from framework.data import DataError
+    from framework.registry import RegistryError
+    from framework.trainer import TrainingDiverged
+
+    try:
+        yield
+    except (ConfigError, DataError, RegistryError, CheckpointError, TrainingDiverged) as e:
+        print(f"error: {e}", file=sys.stderr)
+        remove_if_empty(Path(HydraConfig.get().runtime.output_dir))
+        sys.exit(1)
+    except KeyboardInterrupt:
+        print("interrupted; rerun the same command to resume from the last checkpoint",
+              file=sys.stderr)
+        sys.exit(130)

@@ -1,0 +1,75 @@
+"""Strict conversion of config mappings into each component's frozen dataclass `Config`.
+
+DESIGN.md, "Configs": every component is validated by its dataclass; an unknown or
+mistyped key is an error that names the key (and the closest known one).
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from collections.abc import Mapping
+from typing import Any, TypeVar
+
+C = TypeVar("C")
+
+
+class ConfigError(ValueError):
+    """A user-facing configuration mistake; the message says what to change."""
+
+
+def _check_type(where: str, value: Any, tp: Any) -> Any:
+    origin = typing.get_origin(tp)
+    if tp is Any:
+        return value
+    if origin in (typing.Union, types.UnionType):
+        errors = []
+        for arg in typing.get_args(tp):
+            if arg is type(None) and value is None:
+                return None
+            try:
+                return _check_type(where, value, arg)
+            except ConfigError as e:
+                errors.append(str(e))
+        raise ConfigError(f"{where}: {value!r} does not fit {tp}")
+    if origin is typing.Literal:
+        if value not in typing.get_args(tp):
+            raise ConfigError(f"{where}: {value!r} is not one of {list(typing.get_args(tp))}")
+        return value
+    if origin in (tuple, list):
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{where}: expected a list, got {value!r}")
+        (arg, *_) = typing.get_args(tp) or (Any,)
+        return tuple(_check_type(f"{where}[{i}]", v, arg) for i, v in enumerate(value))
+    if tp is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if tp in (int, float, str, bool):
+        if not isinstance(value, tp) or (tp is int and isinstance(value, bool)):
+            raise ConfigError(f"{where}: expected {tp.__name__}, got {value!r}")
+        return value
+    if dataclasses.is_dataclass(tp):
+        return from_dict(tp, value, where)
+    return value
+
+
+def from_dict(cls: type[C], data: Mapping[str, Any], where: str = "") -> C:
+    """Build dataclass `cls` from `data`, refusing unknown keys and wrong types."""
+    if isinstance(data, cls):
+        return data
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{where or cls.__name__}: expected a mapping, got {data!r}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    kwargs = {}
+    for key, value in data.items():
+        path = f"{where}.{key}" if where else str(key)
+        if key not in fields:
+            close = difflib.get_close_matches(str(key), fields, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ConfigError(f"unknown config key {path!r}{hint}")
+        kwargs[key] = _check_type(path, value, hints[key])
+    try:
+        return cls(**kwargs)
+    except TypeError as e:  # a required field is missing
+        raise ConfigError(f"{where or cls.__name__}: {e}") from None

@@ -1,0 +1,168 @@
+"""The SentencePiece pipeline shared by the subword datasets (REFERENCE.md, "Datasets" and
+"Metrics": BPE with 8000 pieces, split_digits on, trained on the train split; perplexity is
+per SentencePiece token).
+
+Texts (lines of WikiText, documents of C4/peS2o) are encoded one by one and concatenated
+into one stream. Whether a text ends with a separator is the caller's choice: WikiText
+lines get none (the reference encodes each line and glues the pieces, so a line break is
+only the word boundary SentencePiece's dummy prefix already marks; blank lines encode to
+nothing), documents of C4/peS2o end with the model's </s> id.
+Encoding runs over `num_proc` worker processes, each fed chunks of texts.
+"""
+from __future__ import annotations
+
+import io
+import itertools
+import os
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import asdict, dataclass
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tqdm import tqdm
+
+from framework.config import ConfigError
+from framework.data.base import DataError
+from framework.data.cache import ArrayWriter, Entry
+
+CHUNK_TEXTS = 2000  # texts per worker task: big enough to amortize pickling, small for memory
+
+
+@dataclass(frozen=True)
+class SpmSettings:
+    """What decides the tokenizer (and so the cache key); built from a dataset's Config."""
+
+    vocab_size: int = 8000
+    split_digits: bool = True
+    model_type: str = "bpe"
+    train_texts: int = 0  # sample this many texts for training (0 = all of them)
+    seed: int = 0  # SentencePiece's sampling seed, so the same data gives the same model
+
+
+def check_vocab_size(vocab_size: int) -> None:
+    if not 16 <= vocab_size <= 65535:
+        raise ConfigError(f"dataset.vocab_size={vocab_size}: use 16..65535 (ids are uint16)")
+
+
+def train_spm(texts: Iterable[str], s: SpmSettings, out: Path, desc: str = "") -> None:
+    """Trains the model on `texts` (blank ones skipped) and writes it to `out`."""
+    import sentencepiece as spm
+
+    spm.set_random_generator_seed(s.seed)
+    texts = (t for t in texts if t.strip())
+    model = io.BytesIO()
+    try:
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=iter(tqdm(texts, desc=f"{desc} spm texts", unit="text",
+                                        disable=None, leave=False)),
+            model_writer=model, vocab_size=s.vocab_size, model_type=s.model_type,
+            split_digits=s.split_digits, input_sentence_size=s.train_texts,
+            shuffle_input_sentence=True, num_threads=os.cpu_count() or 1,
+            # tiny corpora (tests, toy data) may not support the requested size: take what
+            # there is rather than fail; the vocab size is read back from the model
+            hard_vocab_limit=False, minloglevel=2,
+        )
+    except DataError:  # the source failed (e.g. offline), not SentencePiece
+        raise
+    except RuntimeError as e:
+        raise DataError(f"{desc}: SentencePiece training failed: {e}") from None
+    out.write_bytes(model.getvalue())
+
+
+_SP: Any = None  # the worker's processor, loaded once by _init
+
+
+def _init(model: bytes) -> None:
+    import sentencepiece as spm
+
+    global _SP
+    _SP = spm.SentencePieceProcessor(model_proto=model)
+
+
+def _encode_chunk(texts: list[str], eos: bool, threads: int = 1) -> np.ndarray:
+    pieces = _SP.encode(texts, num_threads=threads)
+    if eos:
+        end = [_SP.eos_id()]
+        pieces = [p + end for p in pieces]
+    return np.fromiter(itertools.chain.from_iterable(pieces), dtype=np.uint16)
+
+
+def _chunks(texts: Iterable[str]) -> Iterator[list[str]]:
+    it = iter(texts)
+    while chunk := list(itertools.islice(it, CHUNK_TEXTS)):
+        yield chunk
+
+
+def encode_texts(texts: Iterable[str], model: bytes, eos: bool,
+                 num_proc: int = 1) -> Iterator[np.ndarray]:
+    """Token ids of `texts` in order, as one uint16 array per chunk of texts.
+
+    At most 2 chunks per worker are in flight, so a consumer that stops early (enough
+    training tokens) stops the reading of the source as well; `Pool.imap` would read ahead
+    without bound.
+    """
+    chunks = _chunks(texts)
+    if num_proc <= 1:
+        _init(model)
+        for chunk in chunks:
+            yield _encode_chunk(chunk, eos, threads=os.cpu_count() or 1)
+        return
+    with get_context().Pool(num_proc, initializer=_init, initargs=(model,)) as pool:
+        pending: deque = deque()
+        for chunk in chunks:
+            pending.append(pool.apply_async(_encode_chunk, (chunk, eos)))
+            if len(pending) >= 2 * num_proc:
+                yield pending.popleft().get()
+        while pending:
+            yield pending.popleft().get()
+
+
+def resolve_num_proc(num_proc: int) -> int:
+    return num_proc if num_proc > 0 else (os.cpu_count() or 1)
+
+
+def write_split(out_dir: Path, split: str, texts: Iterable[str], model: bytes, eos: bool,
+                num_proc: int, limit: int = 0, desc: str = "") -> dict[str, Any]:
+    """Encodes `texts` into `<out_dir>/<split>.bin` (at most `limit` tokens if > 0)."""
+    writer = ArrayWriter(out_dir, split, np.uint16, limit)
+    bar = tqdm(desc=f"{desc} {split}", unit="tok", unit_scale=True, disable=None,
+               total=limit or None)
+    stream = encode_texts(texts, model, eos, num_proc)
+    try:
+        for ids in stream:
+            bar.update(writer.append(ids))
+            if writer.full:
+                break
+    except BaseException:
+        writer.abort()
+        raise
+    finally:
+        stream.close()  # stops the worker pool when we leave early
+        bar.close()
+    return writer.close()
+
+
+def build_subword(out: Path, splits: dict[str, Callable[[], Iterable[str]]],
+                  spm_texts: Callable[[], Iterable[str]], s: SpmSettings, num_proc: int,
+                  eos: bool, desc: str, limits: dict[str, int] | None = None,
+                  previous: Entry | None = None) -> dict[str, Any]:
+    """Trains (or reuses `previous`'s) model, then encodes every split into `out`.
+
+    Returns the manifest fields: arrays, vocab_size, metric, spm settings.
+    """
+    import sentencepiece as spm
+
+    model_path = out / "spm.model"
+    if previous is not None and (previous.path / "spm.model").exists():
+        model_path.write_bytes((previous.path / "spm.model").read_bytes())
+    else:
+        train_spm(spm_texts(), s, model_path, desc)
+    model = model_path.read_bytes()
+    vocab = spm.SentencePieceProcessor(model_proto=model).get_piece_size()
+    arrays = {name: write_split(out, name, texts(), model, eos, num_proc,
+                                (limits or {}).get(name, 0), desc)
+              for name, texts in splits.items()}
+    return {"arrays": arrays, "vocab_size": vocab, "metric": "ppl", "spm": asdict(s)}

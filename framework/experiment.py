@@ -1,0 +1,76 @@
+"""Run directories: identity (config hash), safety checks and results (issue: never lose a run).
+
+A run directory is derived from the experiment name and the command-line overrides
+(configs/config.yaml, `hydra.run.dir`), so running the same command again finds the same
+directory and resumes; a finished run (results.json with the same config hash) is not
+retrained unless `fresh=true`, which starts over in a new sibling directory.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from framework.checkpoint import atomic_write_bytes
+from framework.config import ConfigError
+
+# Keys that do not change what is computed, so they do not change the run's identity.
+VOLATILE = ("logger", "mode", "fresh")
+VOLATILE_TRAINER = ("progress", "log_every", "device")
+
+
+def config_hash(cfg: dict[str, Any]) -> str:
+    ident = {k: v for k, v in cfg.items() if k not in VOLATILE}
+    ident["trainer"] = {k: v for k, v in cfg.get("trainer", {}).items()
+                        if k not in VOLATILE_TRAINER}
+    return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def check_writable(run_dir: Path, min_free_mb: int = 100) -> None:
+    """Fail before any training if the run directory cannot hold checkpoints."""
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        probe = run_dir / ".write_probe"
+        probe.write_bytes(b"ok")
+        probe.unlink()
+    except OSError as e:
+        raise ConfigError(f"run directory {run_dir} is not writable ({e.strerror}); "
+                          f"set hydra.run.dir=<writable path>") from None
+    free_mb = shutil.disk_usage(run_dir).free // 2**20
+    if free_mb < min_free_mb:
+        raise ConfigError(f"only {free_mb} MB free under {run_dir} (need {min_free_mb} MB for "
+                          f"checkpoints); free space or set hydra.run.dir elsewhere")
+
+
+def read_results(run_dir: Path) -> dict[str, Any] | None:
+    path = run_dir / "results.json"
+    if not path.exists():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError:
+        return None
+
+
+def write_results(run_dir: Path, results: dict[str, Any]) -> None:
+    atomic_write_bytes(run_dir / "results.json", (json.dumps(results, indent=2) + "\n").encode())
+
+
+def fresh_dir(run_dir: Path) -> Path:
+    """The first free sibling run_dir-2, -3, ... (fresh=true never overwrites a run)."""
+    i = 2
+    while (candidate := run_dir.with_name(f"{run_dir.name}-{i}")).exists():
+        i += 1
+    return candidate
+
+
+def remove_if_empty(run_dir: Path) -> None:
+    """Remove a run directory that a failed start left empty (no fake-looking runs)."""
+    try:
+        if run_dir.is_dir() and not any(run_dir.iterdir()):
+            os.rmdir(run_dir)
+    except OSError:
+        pass

@@ -1,0 +1,69 @@
+"""Run logging: a JSONL metrics file in the run directory (always) and wandb (optional).
+
+`logger=wandb` with `logger.mode` online / offline / disabled (offline and disabled need
+no network); `logger=none` keeps only the JSONL file. On resume the JSONL file is appended
+to and the same wandb run id is reused, so a resumed run is one run.
+"""
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from framework.checkpoint import atomic_write_bytes
+
+
+@dataclass(frozen=True)
+class LoggerConfig:
+    kind: Literal["none", "wandb"] = "none"
+    project: str = "sigma-moe"
+    entity: str = ""
+    mode: Literal["online", "offline", "disabled"] = "offline"
+    group: str = ""
+
+
+def _jsonable(v: Any) -> Any:
+    if hasattr(v, "item"):
+        v = v.item()
+    if isinstance(v, float) and not math.isfinite(v):
+        return str(v)
+    return v
+
+
+class RunLogger:
+    def __init__(self, cfg: LoggerConfig, run_dir: Path, config: dict, name: str,
+                 enabled: bool = True):
+        self.enabled = enabled
+        self.path = run_dir / "metrics.jsonl"
+        self.wandb = None
+        if enabled and cfg.kind == "wandb":
+            import wandb
+
+            id_file = run_dir / "wandb_id.txt"
+            run_id = id_file.read_text().strip() if id_file.exists() else wandb.util.generate_id()
+            atomic_write_bytes(id_file, run_id.encode())
+            self.wandb = wandb.init(
+                project=cfg.project, entity=cfg.entity or None, mode=cfg.mode, name=name,
+                group=cfg.group or None, id=run_id, resume="allow", dir=str(run_dir),
+                config=config, tags=[config.get("ffn", {}).get("kind", "")],
+            )
+
+    def log(self, metrics: dict[str, Any], step: int) -> None:
+        if not self.enabled:
+            return
+        row = {"step": step, "time": time.time(), **{k: _jsonable(v) for k, v in metrics.items()}}
+        with open(self.path, "a") as f:
+            f.write(json.dumps(row) + "\n")
+        if self.wandb is not None:
+            self.wandb.log({k: v for k, v in row.items() if k != "step"}, step=step)
+
+    def summary(self, values: dict[str, Any]) -> None:
+        if self.wandb is not None:
+            self.wandb.summary.update(values)
+
+    def close(self) -> None:
+        if self.wandb is not None:
+            self.wandb.finish()

@@ -1,0 +1,27 @@
+"""Optimizer and learning-rate schedule of the paper (App. B; REFERENCE.md "Training").
+
+Adam (PyTorch defaults: betas 0.9/0.999, eps 1e-8), lr 2.5e-4, cosine decay to 0 over the
+run, optional linear warmup (4000 steps for the d_model=1024 models).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def lr_factor(step: int, total: int, warmup: int, schedule: str) -> float:
+    """Multiplier of the base lr at optimizer step `step` (0-based)."""
+    if warmup > 0 and step < warmup:
+        return (step + 1) / warmup
+    if schedule == "constant":
+        return 1.0
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    return 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def build_optimizer(model: torch.nn.Module, lr: float, betas: tuple[float, float], eps: float,
+                    weight_decay: float) -> torch.optim.Optimizer:
+    # Weight decay 0 by default (the paper's Adam); MoE weights never get any (REFERENCE.md).
+    return torch.optim.AdamW(model.parameters(), lr=lr, betas=betas, eps=eps,
+                             weight_decay=weight_decay)

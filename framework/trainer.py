@@ -1,0 +1,219 @@
+"""The training loop (REFERENCE.md "Training"): model-agnostic, driven by a task.
+
+The task owns data, memory and loss; the trainer owns the optimizer, schedule, precision,
+clipping, accumulation, validation schedule, checkpoints and resume. A task provides:
+
+    model                                   the nn.Module to optimize
+    train_losses(n_micro) -> iterator       yields (loss, metrics) per micro-batch
+    validate() -> dict                      metrics on the validation split
+    tokens_per_step: int                    for tokens/s
+    state_dict() / load_state_dict(s)       data position and memory
+"""
+from __future__ import annotations
+
+import math
+import random
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from framework.checkpoint import load_latest, save_checkpoint
+from framework.config import ConfigError
+from framework.optim import build_optimizer, lr_factor
+
+
+@dataclass(frozen=True)
+class TrainerConfig:
+    steps: int = 100_000
+    lr: float = 2.5e-4
+    betas: tuple[float, ...] = (0.9, 0.999)
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+    schedule: Literal["cosine", "constant"] = "cosine"
+    warmup_steps: int = 0
+    grad_clip: float = 0.25  # global norm; 0 = off (authors' small dense baselines: 0.1)
+    grad_accum: int = 1  # micro-batches per step (the batch is split along its streams)
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"  # auto: bf16 on CUDA, else fp32
+    seed: int = 0
+    val_every: int = 2000
+    ckpt_every: int = 10_000
+    keep_checkpoints: int = 2
+    log_every: int = 50
+    nan_policy: Literal["stop", "skip"] = "stop"
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        for key in ("steps", "grad_accum", "val_every", "ckpt_every", "log_every"):
+            if getattr(self, key) < 1:
+                raise ConfigError(f"trainer.{key} must be >= 1, got {getattr(self, key)}")
+
+
+class TrainingDiverged(RuntimeError):
+    pass
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError(f"trainer.device={name} but no CUDA device is available; use cpu")
+    return torch.device(name)
+
+
+def resolve_precision(precision: str, device: torch.device) -> torch.dtype:
+    if precision == "auto":
+        if device.type == "cuda" and torch.cuda.is_bf16_supported():
+            return torch.bfloat16
+        return torch.float32
+    return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+
+
+def rng_state() -> dict[str, Any]:
+    state = {"python": random.getstate(), "numpy": np.random.get_state(),
+             "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def bad_gradients(model: torch.nn.Module) -> list[str]:
+    """Names of parameters whose gradient holds NaN/inf (for the divergence message)."""
+    return [n for n, p in model.named_parameters()
+            if p.grad is not None and not torch.isfinite(p.grad).all()]
+
+
+class Trainer:
+    def __init__(self, cfg: TrainerConfig, task, run_dir: Path, logger, device: torch.device,
+                 is_main: bool = True, config_hash: str = "", ddp_model=None):
+        self.cfg, self.task, self.run_dir, self.logger = cfg, task, run_dir, logger
+        self.device, self.is_main, self.config_hash = device, is_main, config_hash
+        self.model = task.model
+        self.train_model = ddp_model or self.model  # what forward/backward go through
+        self.amp_dtype = resolve_precision(cfg.precision, device)
+        self.optimizer = build_optimizer(self.model, cfg.lr, tuple(cfg.betas), cfg.eps,
+                                         cfg.weight_decay)
+        self.scaler = torch.amp.GradScaler(device.type, enabled=self.amp_dtype == torch.float16)
+        self.step = 0
+
+    # -- state ---------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {"step": self.step, "model": self.model.state_dict(),
+                "optimizer": self.optimizer.state_dict(), "scaler": self.scaler.state_dict(),
+                "task": self.task.state_dict(), "rng": rng_state(),
+                "config_hash": self.config_hash}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scaler.load_state_dict(state["scaler"])
+        self.task.load_state_dict(state["task"])
+        set_rng_state(state["rng"])
+        self.step = int(state["step"])
+
+    def checkpoint(self) -> None:
+        if self.is_main:
+            save_checkpoint(self.run_dir, self.step, self.state_dict(), self.cfg.keep_checkpoints)
+
+    def resume(self) -> bool:
+        state = load_latest(self.run_dir, warn=lambda m: tqdm.write(m))
+        if state is None:
+            return False
+        self.load_state_dict(state)
+        return True
+
+    # -- loop ----------------------------------------------------------------------------
+    def autocast(self):
+        if self.amp_dtype == torch.float32:
+            return nullcontext()
+        return torch.autocast(self.device.type, dtype=self.amp_dtype)
+
+    def train_step(self) -> dict[str, float]:
+        cfg = self.cfg
+        for group in self.optimizer.param_groups:
+            group["lr"] = cfg.lr * lr_factor(self.step, cfg.steps, cfg.warmup_steps, cfg.schedule)
+        self.optimizer.zero_grad(set_to_none=True)
+        totals: dict[str, float] = {}
+        losses = self.task.train_losses(cfg.grad_accum)
+        while True:
+            with self.autocast():
+                item = next(losses, None)
+            if item is None:
+                break
+            loss, metrics = item
+            self.scaler.scale(loss / cfg.grad_accum).backward()
+            for k, v in metrics.items():
+                totals[k] = totals.get(k, 0.0) + float(v) / cfg.grad_accum
+        self.scaler.unscale_(self.optimizer)
+        max_norm = cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
+        finite = math.isfinite(totals.get("loss", 0.0)) and math.isfinite(grad_norm)
+        if not finite and not self.scaler.is_enabled():
+            self._diverged(totals, grad_norm)
+            self.optimizer.zero_grad(set_to_none=True)  # nan_policy == skip
+            totals["skipped"] = 1.0
+        else:
+            self.scaler.step(self.optimizer)  # the scaler itself skips fp16 overflow steps
+        self.scaler.update()
+        totals["grad_norm"] = grad_norm
+        totals["lr"] = self.optimizer.param_groups[0]["lr"]
+        return totals
+
+    def _diverged(self, totals: dict[str, float], grad_norm: float) -> None:
+        bad = bad_gradients(self.model)
+        where = f"; non-finite gradients in {', '.join(bad[:5])}" if bad else ""
+        msg = (f"non-finite loss/gradient at step {self.step + 1}: "
+               f"{', '.join(f'{k}={v:.4g}' for k, v in totals.items())}, "
+               f"grad_norm={grad_norm:.4g}{where}")
+        if self.cfg.nan_policy == "stop":
+            raise TrainingDiverged(msg + ". The last good checkpoint is kept; lower trainer.lr "
+                                   "or set trainer.nan_policy=skip")
+        tqdm.write("warning: skipping step: " + msg)
+
+    def fit(self) -> None:
+        cfg = self.cfg
+        if self.resume() and self.is_main:
+            tqdm.write(f"resumed from step {self.step} in {self.run_dir}")
+        self.model.train()
+        bar = tqdm(total=cfg.steps, initial=self.step, disable=not (self.is_main and cfg.progress),
+                   dynamic_ncols=True, desc="train")
+        t0, tokens = time.perf_counter(), 0
+        while self.step < cfg.steps:
+            metrics = self.train_step()
+            self.step += 1
+            tokens += self.task.tokens_per_step
+            bar.update(1)
+            if self.step % cfg.log_every == 0 or self.step == cfg.steps:
+                dt = time.perf_counter() - t0
+                metrics["tokens_per_s"] = tokens / max(dt, 1e-9)
+                bar.set_postfix(loss=f"{metrics['loss']:.3f}",
+                                tok_s=f"{metrics['tokens_per_s']:.0f}")
+                self.logger.log({f"train/{k}": v for k, v in metrics.items()}, self.step)
+                t0, tokens = time.perf_counter(), 0
+            if self.step % cfg.val_every == 0 and self.step < cfg.steps:
+                self.logger.log({f"valid/{k}": v for k, v in self.task.validate().items()},
+                                self.step)
+                self.model.train()
+            if self.step % cfg.ckpt_every == 0 or self.step == cfg.steps:
+                self.checkpoint()
+        bar.close()

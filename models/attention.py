@@ -1,0 +1,90 @@
+"""Transformer-XL relative multi-head attention (Dai et al. 2019, Sec. 3.3; REFERENCE.md).
+
+    score(i, j) = scale * [ (q_i + u)^T k_j + (q_i + v)^T R_{i-j} ]
+
+R are sinusoidal encodings of the offset, projected by a bias-free linear layer; u and v
+are learned per-head biases (zero at init); `scale` is a learnable scalar initialised to
+1/sqrt(head_dim). Queries come from the current segment, keys/values from
+[memory ; current]. Head count and size are independent of d_model (WT-S: 10 x 41, 412).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from framework.config import ConfigError
+from models.ffn.base import trunc_normal_
+
+
+@dataclass(frozen=True)
+class AttentionConfig:
+    d_model: int
+    n_heads: int
+    head_dim: int
+    n_layers: int  # only for the init std
+
+    def __post_init__(self) -> None:
+        if self.d_model % 2:
+            raise ConfigError(f"model.d_model={self.d_model} must be even (sinusoidal encodings)")
+
+
+def sinusoid_encoding(distances_L: torch.Tensor, d_model: int) -> torch.Tensor:
+    """[L] offsets -> [L, d_model] sinusoids (sin half, cos half)."""
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, d_model, 2, device=distances_L.device) / d_model))
+    angles_LF = distances_L.float()[:, None] * inv_freq[None]
+    return torch.cat([angles_LF.sin(), angles_LF.cos()], dim=-1)
+
+
+def rel_shift(x_BHTL: torch.Tensor) -> torch.Tensor:
+    """Transformer-XL's relative shift: row i of scores over offsets [L-1 .. 0] becomes
+    scores over key positions j, i.e. out[i, j] = x[i, j + T - 1 - i] (offset M + i - j).
+    Entries with j > M + i are garbage; the causal mask removes them."""
+    B, H, T, L = x_BHTL.shape
+    padded = F.pad(x_BHTL, (1, 0)).view(B, H, L + 1, T)
+    return padded[:, :, 1:].reshape(B, H, T, L)
+
+
+class RelativeAttention(nn.Module):
+    def __init__(self, cfg: AttentionConfig):
+        super().__init__()
+        self.cfg = cfg
+        inner = cfg.n_heads * cfg.head_dim
+        self.qkv = nn.Linear(cfg.d_model, 3 * inner, bias=False)
+        self.pos = nn.Linear(cfg.d_model, inner, bias=False)
+        self.out = nn.Linear(inner, cfg.d_model, bias=False)
+        self.u_HC = nn.Parameter(torch.zeros(cfg.n_heads, cfg.head_dim))
+        self.v_HC = nn.Parameter(torch.zeros(cfg.n_heads, cfg.head_dim))
+        self.scale = nn.Parameter(torch.tensor(1.0 / math.sqrt(cfg.head_dim)))
+        for lin in (self.qkv, self.pos, self.out):
+            trunc_normal_(lin.weight, math.sqrt(2 / (cfg.n_layers * lin.in_features)))
+
+    def forward(self, h_BTD: torch.Tensor, mem_BMD: torch.Tensor | None) -> torch.Tensor:
+        cfg = self.cfg
+        B, T, _ = h_BTD.shape
+        H, C = cfg.n_heads, cfg.head_dim
+        cat_BLD = h_BTD if mem_BMD is None else torch.cat([mem_BMD.to(h_BTD.dtype), h_BTD], 1)
+        L = cat_BLD.shape[1]
+        M = L - T
+        q_BTHC = self.qkv(h_BTD)[..., : H * C].view(B, T, H, C)
+        kv = F.linear(cat_BLD, self.qkv.weight[H * C :])
+        k_BHLC, v_BHLC = kv.view(B, L, 2, H, C).permute(2, 0, 3, 1, 4)
+
+        dist_L = torch.arange(L - 1, -1, -1, device=h_BTD.device)
+        r_LD = sinusoid_encoding(dist_L, cfg.d_model).to(h_BTD.dtype)
+        r_HLC = self.pos(r_LD).view(L, H, C).transpose(0, 1)
+        bd_BHTL = torch.einsum("bthc,hlc->bhtl", q_BTHC + self.v_HC, r_HLC)
+        bd_BHTL = rel_shift(bd_BHTL)
+        # Key j is visible to query i iff j <= M + i: all memory plus the causal past.
+        future_TL = torch.ones(T, L, dtype=torch.bool, device=h_BTD.device).triu(M + 1)
+        bias_BHTL = (self.scale * bd_BHTL).masked_fill(future_TL, float("-inf"))
+        # scale * [(q+u).k + bd]: fold the learnable scale into q, the positional term
+        # into the additive mask, and let SDPA pick a fused kernel.
+        q_BHTC = ((q_BTHC + self.u_HC) * self.scale).transpose(1, 2)
+        o_BHTC = F.scaled_dot_product_attention(
+            q_BHTC, k_BHLC, v_BHLC, attn_mask=bias_BHTL.to(q_BHTC.dtype), scale=1.0
+        )
+        return self.out(o_BHTC.transpose(1, 2).reshape(B, T, H * C))

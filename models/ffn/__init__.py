@@ -1,0 +1,14 @@
+"""Feedforward variants, one per file; `FFNS` maps the config `kind` to the module class.
+
+Each class carries its frozen dataclass as `Cls.Config`. Registration happens by the
+explicit imports below (DESIGN.md: no scanning).
+"""
+from framework.registry import Registry
+
+FFNS: Registry = Registry("ffn variant")
+
+# fill the registry
+from models.ffn import dense, pkm, sbase, sigma_moe, switch, topk  # noqa: E402,F401
+from models.ffn.base import FFN  # noqa: E402
+
+__all__ = ["FFNS", "FFN"]

@@ -1,0 +1,89 @@
+"""Shared machinery of every MoE variant (paper Sec. 3.3, Eq. `moe_out`).
+
+    s = sel(x),  E_x = argtopk(s, K),  y = sum_{e in E_x} s[e] W2^e relu(W1^e x)
+
+Variants differ only in `select` (scores -> chosen experts and their weights) and the
+regularizer they add; the expert computation is one call to `kernels.moe_mlp`.
+Parameters: w1_EDG [N_E, d_model, G] (keys), w2_EGD [N_E, G, d_model] (values),
+w3_ED [N_E, d_model] (selector). No biases, no weight decay (REFERENCE.md).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+import torch.nn as nn
+
+from framework.config import ConfigError
+from kernels import moe_mlp
+from models.ffn.base import FFN
+
+
+@dataclass(frozen=True)
+class ExpertsConfig:
+    d_model: int
+    n_layers: int
+    n_experts: int  # N_E
+    expert_size: int  # G
+    k: int  # experts per token
+    hidden_dropout: float = 0.0  # ordinary dropout on expert hidden units ("standard dropout")
+    init: Literal["sigma_moe", "standard"] = "sigma_moe"  # W2 std from N_E*G, or from G
+    backend: str = "auto"  # kernels.moe_mlp backend: auto | triton | grouped_mm | torch | reference
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.k <= self.n_experts:
+            raise ConfigError(
+                f"ffn.k={self.k} must be between 1 and ffn.n_experts={self.n_experts}: "
+                f"lower ffn.k or raise ffn.n_experts"
+            )
+        if self.expert_size <= 0:
+            raise ConfigError(f"ffn.expert_size must be positive, got {self.expert_size}")
+
+    @property
+    def d_ff(self) -> int:
+        return self.n_experts * self.expert_size
+
+
+class ExpertsFFN(FFN):
+    """Owns the expert weights and the expert computation; subclasses implement `select`."""
+
+    def __init__(self, cfg: ExpertsConfig):
+        super().__init__()
+        self.cfg = cfg
+        E, D, G = cfg.n_experts, cfg.d_model, cfg.expert_size
+        self.w1_EDG = nn.Parameter(torch.empty(E, D, G))
+        self.w2_EGD = nn.Parameter(torch.empty(E, G, D))
+        self.w3_ED = nn.Parameter(torch.empty(E, D))
+        self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """sigma-MoE init (Sec. 4): as if W1/W2 were one dense layer of width N_E * G."""
+        cfg = self.cfg
+        gain = math.sqrt(2 / cfg.n_layers)
+        std1 = gain / math.sqrt(cfg.d_model)
+        fan2 = cfg.d_ff if cfg.init == "sigma_moe" else cfg.expert_size
+        self.w1_EDG.normal_(0, std1)
+        self.w2_EGD.normal_(0, gain / math.sqrt(fan2))
+        # Selector rows of equal norm, so only the angle to x decides the initial score.
+        w3 = torch.randn_like(self.w3_ED)
+        w3 = w3 / w3.norm(dim=-1, keepdim=True)
+        self.w3_ED.copy_(w3 * (std1 / w3.std()))
+
+    def select(self, logits_TE: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Scores -> (expert_TK int64, gate_TK); may call `self.add_loss`."""
+        raise NotImplementedError  # abstract: every variant defines its selection
+
+    def forward(self, x_BTD: torch.Tensor) -> torch.Tensor:
+        x_TD = x_BTD.reshape(-1, x_BTD.shape[-1])
+        logits_TE = x_TD @ self.w3_ED.T
+        expert_TK, gate_TK = self.select(logits_TE)
+        self.stats.record_moe(expert_TK, gate_TK, self.cfg.n_experts)
+        y_TD = moe_mlp(
+            x_TD, expert_TK, gate_TK, self.w1_EDG, self.w2_EGD,
+            hidden_dropout=self.cfg.hidden_dropout, training=self.training,
+            backend=self.cfg.backend,
+        )
+        return y_TD.view_as(x_BTD)

@@ -1,0 +1,29 @@
+"""Entry point: `python run.py [+exp=NAME] [overrides]` (DESIGN.md "How data flows").
+
+With no `+exp=`, the main job `+exp=mini_moe` runs. Errors a user can fix (config typos,
+missing data, bad checkpoints, divergence) end with one line and exit code 1.
+"""
+import sys
+
+import hydra
+from omegaconf import DictConfig, OmegaConf
+
+from framework.cli import handle_errors, prepare_argv, prepare_run_dir
+
+prepare_argv(sys.argv)
+
+
+@hydra.main(version_base=None, config_path="configs", config_name="config")
+def main(cfg: DictConfig):
+    from tasks import TASKS
+
+    with handle_errors():
+        plain = OmegaConf.to_container(cfg, resolve=True)
+        run_dir = prepare_run_dir(plain)
+        if run_dir is None:  # already finished: nothing to do
+            return None
+        return TASKS.get(plain["task"]["kind"])(plain, run_dir)
+
+
+if __name__ == "__main__":
+    main()

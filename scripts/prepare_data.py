@@ -1,0 +1,75 @@
+"""Prepare one dataset's cache ahead of a run (REFERENCE.md, "Datasets"; DESIGN.md, data flow).
+
+    python scripts/prepare_data.py wt103 --source /data/wikitext-103
+    python scripts/prepare_data.py enwik8 --source /data/enwik8.zip --cache-dir /scratch/cache
+    python scripts/prepare_data.py c4 train_tokens=1638400000          # streams from the hub
+    python scripts/prepare_data.py c4 --source /data/c4-copy           # local shards
+
+The settings come from configs/dataset/NAME.yaml plus `key=value` overrides, which must
+match what the run will use (an experiment's `dataset.*` overrides), because the cache is
+keyed by them. `--source` is only used to find the original: a later run with `source: ""`
+finds the prepared cache by its settings, so machines with no internet can copy the
+archive here and prepare from it. Several jobs may run this at once: they share the work.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from framework.config import ConfigError, from_dict  # noqa: E402
+from framework.data import DATASETS, DataError  # noqa: E402
+
+
+def parse_override(text: str) -> tuple[str, object]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise SystemExit(f"override {text!r}: write key=value, e.g. train_tokens=1638400000")
+    return key, yaml.safe_load(value) if value else ""
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog=__doc__.split("\n\n", 1)[1])
+    p.add_argument("name", choices=DATASETS.names(), help="dataset (configs/dataset/NAME.yaml)")
+    p.add_argument("overrides", nargs="*", metavar="key=value",
+                   help="dataset config fields, as the run sets them")
+    p.add_argument("--source", help="local copy of the original archive / file / directory")
+    p.add_argument("--cache-dir", help="cache root (default $SIGMA_MOE_CACHE or "
+                   "~/.cache/sigma_moe); the run must use the same")
+    p.add_argument("--num-proc", type=int, help="encoding processes (default: all cores)")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+
+    fields = yaml.safe_load((ROOT / "configs" / "dataset" / f"{args.name}.yaml").read_text())
+    fields.pop("kind", None)
+    fields.update(parse_override(o) for o in args.overrides)
+    for key, value in (("source", args.source), ("cache_dir", args.cache_dir),
+                       ("num_proc", args.num_proc)):
+        if value is not None:
+            fields[key] = value
+    cls = DATASETS.get(args.name)
+    try:
+        cfg = from_dict(cls.Config, fields, "dataset")
+        t0 = time.time()
+        data = cls.load(cfg)
+    except (ConfigError, ValueError, DataError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    where = f" in {cls.entry(cfg).path}" if hasattr(cls, "entry") else ""
+    sizes = ", ".join(f"{s} {len(a):,}" for s, a in data.splits.items())
+    print(f"{args.name}: {sizes} tokens, vocab {data.vocab_size}, metric {data.metric}"
+          f"{where} ({time.time() - t0:.1f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,8 @@
+"""Tasks: `TASKS` maps `task.kind` to a `run(cfg, run_dir)` function (explicit imports)."""
+from framework.registry import Registry
+
+TASKS: Registry = Registry("task")
+
+from tasks import lm_run  # noqa: E402,F401  (fill the registry)
+
+__all__ = ["TASKS"]

@@ -1,0 +1,161 @@
+"""Language modelling with Transformer-XL memory (paper Sec. 5, App. B).
+
+Training reads `batch_size` contiguous streams in segments of `context` tokens with one
+segment of memory; the final evaluation (paper's test numbers) reads valid and test with
+4 segments of memory and batch size 4. Metric: bits/char for byte data (enwik8), perplexity
+per SentencePiece token for subword data (REFERENCE.md "Metrics").
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+
+from framework.config import ConfigError, from_dict
+from framework.data import DATASETS, StreamBatcher, TokenData
+from models.ffn import FFNS
+from models.transformer_xl import Memory, TransformerXL, TransformerXLConfig
+
+
+@dataclass(frozen=True)
+class LMTaskConfig:
+    kind: str = "lm"
+    batch_size: int = 64  # global batch (streams), split over ranks and micro-batches
+    context: int = 256  # segment length
+    train_mem_segments: int = 1
+    eval_mem_segments: int = 4
+    eval_batch_size: int = 4
+    val_segments: int = 0  # periodic validation: first N segments only (0 = whole split)
+    final_segments: int = 0  # final evaluation: first N segments (0 = whole split, the paper)
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1 or self.context < 1 or self.eval_batch_size < 1:
+            raise ConfigError("task.batch_size, task.context and task.eval_batch_size must be >= 1")
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    d_model: int
+    n_layers: int
+    n_heads: int
+    head_dim: int
+    dropout: float
+
+
+def build_model_config(cfg: dict[str, Any], vocab_size: int) -> TransformerXLConfig:
+    """Model + FFN configs from the composed config (each validated strictly)."""
+    task = from_dict(LMTaskConfig, cfg["task"], "task")
+    shape = from_dict(ModelShape, cfg["model"], "model")
+    ffn = dict(cfg["ffn"])
+    kind = ffn.pop("kind", None)
+    if kind is None:
+        raise ConfigError("ffn.kind is missing: choose one of " + ", ".join(FFNS.names()))
+    ffn_cfg = from_dict(FFNS.get(kind).Config, ffn, "ffn")
+    return TransformerXLConfig(
+        vocab_size=vocab_size, d_model=shape.d_model, n_layers=shape.n_layers,
+        n_heads=shape.n_heads, head_dim=shape.head_dim, dropout=shape.dropout,
+        mem_len=task.train_mem_segments * task.context,
+        eval_mem_len=task.eval_mem_segments * task.context, ffn_kind=kind, ffn=ffn_cfg,
+    )
+
+
+def load_data(cfg: dict[str, Any]) -> TokenData:
+    data_cfg = dict(cfg["dataset"])
+    kind = data_cfg.pop("kind")
+    cls = DATASETS.get(kind)
+    return cls.load(from_dict(cls.Config, data_cfg, "dataset"))
+
+
+class LMTask:
+    def __init__(self, cfg: LMTaskConfig, data: TokenData, model: TransformerXL,
+                 device: torch.device, rank: int = 0, world_size: int = 1, train_model=None):
+        self.cfg, self.data, self.model, self.device = cfg, data, model, device
+        self.train_model = train_model or model  # DDP wrapper when distributed
+        self.rank, self.world_size = rank, world_size
+        self.batcher = StreamBatcher(data.split("train"), cfg.batch_size, cfg.context,
+                                     rank, world_size)
+        self.mems: Memory | None = None
+        self.tokens_per_step = cfg.batch_size * cfg.context
+
+    # -- training --------------------------------------------------------------------------
+    def train_losses(self, n_micro: int) -> Iterator[tuple[torch.Tensor, dict[str, float]]]:
+        x_BT, y_BT, epoch_start = self.batcher.next()
+        if epoch_start:
+            self.mems = None
+        B = x_BT.shape[0]
+        if B % n_micro:
+            raise ConfigError(
+                f"per-rank batch {B} is not divisible by trainer.grad_accum={n_micro}")
+        x_BT, y_BT = x_BT.to(self.device), y_BT.to(self.device)
+        new_mems: list[list[torch.Tensor]] = []
+        m = B // n_micro
+        for i in range(n_micro):
+            rows = slice(i * m, (i + 1) * m)
+            mems = [mem[rows] for mem in self.mems] if self.mems else None
+            logits, mems_out = self.train_model(x_BT[rows], mems)
+            ce = F.cross_entropy(logits.float().flatten(0, 1), y_BT[rows].flatten())
+            reg = self.model.pop_loss()
+            loss = ce if reg is None else ce + reg
+            new_mems.append(mems_out)
+            yield loss, {"loss": float(loss.detach()), "ce": float(ce.detach()),
+                         "reg": 0.0 if reg is None else float(reg.detach())}
+        self.mems = [torch.cat(parts) for parts in zip(*new_mems)] if new_mems[0] else None
+
+    # -- evaluation ------------------------------------------------------------------------
+    def metric(self, ce: float) -> dict[str, float]:
+        if self.data.metric == "bpc":
+            return {"loss": ce, "bpc": ce / math.log(2)}
+        return {"loss": ce, "ppl": math.exp(min(ce, 50.0))}
+
+    @torch.no_grad()
+    def evaluate(self, split: str, batch_size: int, mem_segments: int, max_segments: int = 0,
+                 stats: bool = False, progress: bool = False) -> dict[str, Any]:
+        """Token-weighted mean cross-entropy over a split, memory reset at the start."""
+        was_training = self.model.training
+        self.model.eval()
+        ffns = self.model.ffns()
+        for f in ffns:
+            f.stats.reset()
+            f.stats.enabled = stats
+        batcher = StreamBatcher(self.data.split(split), batch_size, self.cfg.context)
+        n_seg = -(-(batcher.stream_len - 1) // self.cfg.context)
+        total = min(n_seg, max_segments) if max_segments else n_seg
+        mem_len = mem_segments * self.cfg.context
+        sum_ce, count, mems = 0.0, 0, None
+        for i, (x_BT, y_BT) in enumerate(tqdm(batcher.segments(), total=total, disable=not progress,
+                                              desc=f"eval {split}", leave=False)):
+            if i == total:
+                break
+            logits, mems = self.model(x_BT.to(self.device), mems)
+            mems = [mem[:, -mem_len:] for mem in mems] if mem_len else None
+            ce = F.cross_entropy(logits.float().flatten(0, 1), y_BT.to(self.device).flatten(),
+                                 reduction="sum")
+            sum_ce += float(ce)
+            count += y_BT.numel()
+        result: dict[str, Any] = self.metric(sum_ce / max(count, 1))
+        result["tokens"] = count
+        if stats:
+            result["routing"] = [f.stats.summary() for f in ffns]
+        for f in ffns:
+            f.stats.enabled = False
+        self.model.train(was_training)
+        return result
+
+    def validate(self) -> dict[str, Any]:
+        return self.evaluate("valid", self.cfg.eval_batch_size, self.cfg.eval_mem_segments,
+                             self.cfg.val_segments)
+
+    # -- state -----------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        mems = [m.cpu() for m in self.mems] if self.mems else None
+        return {"batcher": self.batcher.state_dict(), "mems": mems}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.batcher.load_state_dict(state["batcher"])
+        mems = state["mems"]
+        self.mems = [m.to(self.device) for m in mems] if mems else None

@@ -1,0 +1,76 @@
+"""Configs and the command line: strict validation, clear one-line errors (issue 2, 8)."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from framework.config import ConfigError, from_dict
+from framework.registry import Registry, RegistryError
+from models.ffn.sigma_moe import SigmaMoEConfig
+from tasks.lm import build_model_config
+from tests.helpers import compose_cfg
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run_cli(*args, cwd=ROOT, timeout=120):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, str(ROOT / "run.py"), *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_registry_refuses_duplicates_and_suggests():
+    reg: Registry = Registry("thing")
+    reg.register("sigma_moe")(object)
+    with pytest.raises(RegistryError, match="twice"):
+        reg.register("sigma_moe")(object)
+    with pytest.raises(RegistryError, match="Did you mean 'sigma_moe'"):
+        reg.get("sigma_mo")
+
+
+def test_from_dict_is_strict():
+    base = dict(d_model=8, n_layers=2, n_experts=4, expert_size=4, k=2)
+    with pytest.raises(ConfigError, match=r"unknown config key 'ffn.n_expert' .*'n_experts'"):
+        from_dict(SigmaMoEConfig, {**base, "n_expert": 3}, "ffn")
+    with pytest.raises(ConfigError, match="ffn.k: expected int"):
+        from_dict(SigmaMoEConfig, {**base, "k": "four"}, "ffn")
+    with pytest.raises(ConfigError, match="not one of"):
+        from_dict(SigmaMoEConfig, {**base, "selection": "relu"}, "ffn")
+    assert from_dict(SigmaMoEConfig, {**base, "reg_gamma": 0}, "ffn").reg_gamma == 0.0
+
+
+def test_k_larger_than_n_experts_is_refused():
+    cfg = compose_cfg(["ffn.k=20"])
+    with pytest.raises(ConfigError, match="ffn.k=20 must be between 1 and ffn.n_experts=16"):
+        build_model_config(cfg, 201)
+
+
+def test_every_default_group_composes_and_validates():
+    for exp in ("mini_moe", "mini_dense"):
+        model_cfg = build_model_config(compose_cfg([], exp), 201)
+        assert model_cfg.mem_len == 128 and model_cfg.eval_mem_len == 4 * 128
+
+
+def test_cli_errors_are_one_line(tmp_path):
+    out = run_cli("+exp=mini_moee", cwd=tmp_path)
+    assert out.returncode == 1
+    assert out.stderr.strip().splitlines() == [
+        out.stderr.strip()], out.stderr  # exactly one line
+    assert "unknown experiment 'mini_moee'" in out.stderr and "mini_moe" in out.stderr
+
+    out = run_cli("+ffn.n_expert=3", f"hydra.run.dir={tmp_path}/r1", cwd=tmp_path)
+    assert out.returncode == 1 and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert "unknown config key 'ffn.n_expert'" in out.stderr
+    assert not (tmp_path / "r1").exists()  # no run directory that looks like a run
+
+    out = run_cli("ffn.k=17", f"hydra.run.dir={tmp_path}/r2", cwd=tmp_path)
+    assert out.returncode == 1 and "ffn.k=17 must be between 1 and ffn.n_experts=16" in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1 and not (tmp_path / "r2").exists()
+
+
+def test_cli_params_mode_prints_count(tmp_path):
+    out = run_cli("mode=params", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "mini_moe: 3.53M parameters" in out.stdout

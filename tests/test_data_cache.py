@@ -1,0 +1,172 @@
+"""The prepared-data cache (framework/data/cache.py): reuse, invalidation, interrupted and
+concurrent preparation, and the one-line error for missing data. Local fixtures only."""
+from __future__ import annotations
+
+import hashlib
+import multiprocessing as mp
+import random
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from framework.data import DataError, subword
+from framework.data.cache import find_prepared
+from framework.data.enwik8 import Enwik8, Enwik8Config
+from framework.data.wt103 import FILES, Wt103, Wt103Config, settings
+
+WORDS = ("the of and in to a is was for on as by with from at that game series season "
+         "first one two <unk> @-@ , . ( ) ; 1999 2004 17 ' \" city river").split()
+
+
+def write_wikitext(d: Path, lines: dict[str, int] | None = None, seed: int = 0) -> Path:
+    """A WikiText-103-shaped directory: ` = Title = ` headings, blank lines between."""
+    rng = random.Random(seed)
+    d.mkdir(parents=True, exist_ok=True)
+    for split, n in (lines or {"train": 400, "valid": 40, "test": 40}).items():
+        out = [" \n"]
+        for i in range(n):
+            if i % 10 == 0:
+                out += [f" = Heading {rng.choice(WORDS)} {i} = \n", " \n"]
+            out += [" " + " ".join(rng.choice(WORDS) for _ in range(rng.randint(5, 25))) + " \n",
+                    " \n"]
+        (d / FILES[split]).write_text("".join(out), encoding="utf-8")
+    return d
+
+
+def cfg_for(tmp_path: Path, **kw) -> Wt103Config:
+    return Wt103Config(**{"source": str(tmp_path / "wt"), "cache_dir": str(tmp_path / "cache"),
+                          "vocab_size": 150, "num_proc": 1, **kw})
+
+
+def _fail(*a, **k):
+    raise AssertionError("re-tokenized although a complete cache exists")
+
+
+def test_second_load_reuses_cache_and_tokenizer_change_invalidates(tmp_path, monkeypatch):
+    write_wikitext(tmp_path / "wt")
+    first = Wt103.load(cfg_for(tmp_path))
+    monkeypatch.setattr(subword, "train_spm", _fail)
+    monkeypatch.setattr(subword, "encode_texts", _fail)
+    again = Wt103.load(cfg_for(tmp_path))
+    for s in FILES:
+        assert isinstance(again.splits[s], np.memmap) and again.splits[s].dtype == np.uint16
+        np.testing.assert_array_equal(again.splits[s], first.splits[s])
+    # the source can also be left out once prepared: the run finds the cache by settings
+    again = Wt103.load(cfg_for(tmp_path, source=""))
+    np.testing.assert_array_equal(again.splits["valid"], first.splits["valid"])
+    with pytest.raises(AssertionError, match="re-tokenized"):  # a tokenizer setting changed
+        Wt103.load(cfg_for(tmp_path, vocab_size=140))
+    with pytest.raises(AssertionError, match="re-tokenized"):
+        Wt103.load(cfg_for(tmp_path, split_digits=False))
+    monkeypatch.undo()
+    other = Wt103.load(cfg_for(tmp_path, vocab_size=140))
+    assert other.vocab_size == 140 and first.vocab_size == 150
+    assert len(list((tmp_path / "cache" / "wt103").glob("*/manifest.json"))) == 2
+
+
+def test_source_change_invalidates(tmp_path, monkeypatch):
+    write_wikitext(tmp_path / "wt")
+    Wt103.load(cfg_for(tmp_path))
+    write_wikitext(tmp_path / "wt", {"valid": 41}, seed=1)  # a different valid file
+    monkeypatch.setattr(subword, "train_spm", _fail)
+    with pytest.raises(AssertionError, match="re-tokenized"):
+        Wt103.load(cfg_for(tmp_path))
+
+
+def test_interrupted_preparation_leaves_nothing_complete(tmp_path, monkeypatch):
+    write_wikitext(tmp_path / "wt")
+    cfg, real = cfg_for(tmp_path), subword.write_split
+
+    def dies_on_valid(out, split, *a, **k):
+        if split == "valid":
+            raise KeyboardInterrupt  # as if the job were stopped mid-way (after train)
+        return real(out, split, *a, **k)
+
+    monkeypatch.setattr(subword, "write_split", dies_on_valid)
+    with pytest.raises(KeyboardInterrupt):
+        Wt103.load(cfg)
+    root = tmp_path / "cache" / "wt103"
+    assert find_prepared(root, settings(cfg)) is None
+    assert [p.name for p in root.iterdir() if not p.name.endswith(".lock")] == []
+    # a job killed outright (no cleanup) leaves its temporary directory: never taken as done
+    key = next(root.glob("*.lock")).stem
+    stale = root / f".tmp-{key}-deadbeef"
+    stale.mkdir()
+    (stale / "manifest.json").write_text("{}")
+    monkeypatch.undo()
+    data = Wt103.load(cfg)
+    assert not stale.exists()
+    fresh = Wt103.load(cfg_for(tmp_path, cache_dir=str(tmp_path / "clean")))
+    for s in FILES:
+        np.testing.assert_array_equal(data.splits[s], fresh.splits[s])
+
+
+def _prepare_in_child(source: str, cache: str, out) -> None:
+    """Runs in a spawned process: a slow BPE training keeps the lock held for a while."""
+    calls = []
+    real = subword.train_spm
+
+    def slow_train(*a, **k):
+        calls.append(1)
+        time.sleep(1.5)
+        return real(*a, **k)
+
+    subword.train_spm = slow_train
+    data = Wt103.load(Wt103Config(source=source, cache_dir=cache, vocab_size=150, num_proc=1))
+    digest = hashlib.sha256(b"".join(data.splits[s].tobytes() for s in FILES)).hexdigest()
+    out.put((len(calls), digest, str(Wt103.entry(Wt103Config(
+        source=source, cache_dir=cache, vocab_size=150)).path)))
+
+
+def test_two_processes_prepare_once_and_agree(tmp_path):
+    write_wikitext(tmp_path / "wt")
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    procs = [ctx.Process(target=_prepare_in_child,
+                         args=(str(tmp_path / "wt"), str(tmp_path / "cache"), q))
+             for _ in range(2)]
+    for p in procs:
+        p.start()
+    results = [q.get(timeout=120) for _ in procs]
+    for p in procs:
+        p.join(timeout=60)
+        assert p.exitcode == 0
+    assert sorted(r[0] for r in results) == [0, 1]  # one built, the other waited and reused
+    assert results[0][1:] == results[1][1:]
+    single = Wt103.load(cfg_for(tmp_path, cache_dir=str(tmp_path / "solo")))
+    expect = hashlib.sha256(b"".join(single.splits[s].tobytes() for s in FILES)).hexdigest()
+    assert results[0][1] == expect
+    root = tmp_path / "cache" / "wt103"
+    assert not list(root.glob(".tmp-*"))
+
+
+def test_missing_data_error_is_one_line_with_the_command(tmp_path, monkeypatch):
+    monkeypatch.delenv("SIGMA_MOE_CACHE", raising=False)
+    with pytest.raises(DataError) as e:
+        Wt103.load(Wt103Config(source=str(tmp_path / "nowhere"), cache_dir=str(tmp_path)))
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith("wt103:") and str(tmp_path / "nowhere") in msg
+    assert f"python scripts/prepare_data.py wt103 --source /path/to/wikitext-103 " \
+           f"--cache-dir {tmp_path}" in msg
+    (tmp_path / "wt").mkdir()  # a directory without the release files
+    with pytest.raises(DataError, match="wiki.{train,valid,test}.tokens"):
+        Wt103.load(Wt103Config(source=str(tmp_path / "wt"), cache_dir=str(tmp_path)))
+    # no source, nothing prepared, nothing at the default place (enwik8 has no online path)
+    monkeypatch.setenv("SIGMA_MOE_CACHE", str(tmp_path / "env"))
+    with pytest.raises(DataError) as e:
+        Enwik8.load(Enwik8Config())
+    msg = str(e.value)
+    assert "\n" not in msg and str(tmp_path / "env" / "raw" / "enwik8") in msg
+    assert "python scripts/prepare_data.py enwik8 --source /path/to/enwik8`" in msg
+
+
+def test_damaged_entry_is_reported(tmp_path):
+    write_wikitext(tmp_path / "wt")
+    Wt103.load(cfg_for(tmp_path))
+    entry = Wt103.entry(cfg_for(tmp_path))
+    with open(entry.path / "valid.bin", "ab") as f:
+        f.write(b"\0\0")
+    with pytest.raises(DataError, match="damaged"):
+        Wt103.load(cfg_for(tmp_path))

@@ -1,0 +1,231 @@
+"""What each dataset of issue 5 yields (REFERENCE.md, "Datasets"): exact split boundaries,
+line/document handling, the training-token limit, the embedded `wikitext_mini` corpus and
+`scripts/prepare_data.py`. WikiText-103, enwik8, C4 and peS2o are checked on local fixtures
+shaped like the originals; nothing is downloaded."""
+from __future__ import annotations
+
+import gzip
+import json
+import random
+import sys
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import sentencepiece as spm
+
+from framework.config import from_dict
+from framework.data import DATASETS, DataError, subword
+from framework.data.base import bytes_to_ids
+from framework.data.enwik8 import Enwik8, Enwik8Config, split_sizes
+from framework.data.hf_stream import C4, C4Config, Pes2o, Pes2oConfig
+from framework.data.wikitext_mini import WikitextMini, WikitextMiniConfig
+from framework.data.wt103 import FILES, Wt103, Wt103Config
+
+ROOT = Path(__file__).resolve().parent.parent
+WORDS = "alpha beta gamma delta the of and in to was 1984 12 , . river city model".split()
+
+
+def sentence(rng: random.Random, n: int) -> str:
+    return " ".join(rng.choice(WORDS) for _ in range(n))
+
+
+def decoder(entry_path: Path) -> spm.SentencePieceProcessor:
+    return spm.SentencePieceProcessor(model_file=str(entry_path / "spm.model"))
+
+
+def test_registry_and_yamls_agree():
+    import yaml
+
+    for name in ("wt103", "enwik8", "c4", "pes2o", "wikitext_mini"):
+        fields = yaml.safe_load((ROOT / "configs" / "dataset" / f"{name}.yaml").read_text())
+        assert fields.pop("kind") == name
+        cls = DATASETS.get(name)
+        assert from_dict(cls.Config, fields) == cls.Config()  # the yaml states the defaults
+
+
+def test_wt103_each_line_encoded_blank_lines_dropped_splits_exact(tmp_path):
+    rng = random.Random(0)
+    src = tmp_path / "wikitext-103"
+    src.mkdir()
+    text = {}
+    for split, n in (("train", 300), ("valid", 30), ("test", 20)):
+        lines = [" "]
+        for i in range(n):  # headings and blank lines as in the release
+            lines += [" = = gamma = = "] * (i % 10 == 0) + [sentence(rng, rng.randint(3, 20)), " "]
+        text[split] = [line.strip() for line in lines if line.strip()]
+        (src / FILES[split]).write_text("\n".join(lines) + "\n")
+    zpath = tmp_path / "wikitext-103-v1.zip"  # the release archive works as well
+    with zipfile.ZipFile(zpath, "w") as z:
+        for f in FILES.values():
+            z.write(src / f, f"wikitext-103/{f}")
+    for source in (tmp_path, zpath):
+        cfg = Wt103Config(source=str(source), cache_dir=str(tmp_path / "c"), vocab_size=100,
+                          num_proc=1)
+        data = Wt103.load(cfg)
+        assert data.metric == "ppl" and data.vocab_size == 100
+        sp = decoder(Wt103.entry(cfg).path)
+        for split, lines in text.items():
+            ids = data.splits[split]
+            assert ids.max() < data.vocab_size
+            # the stream is exactly its own file's lines, pieces glued with no separator
+            assert sp.decode(ids.tolist()) == " ".join(lines)
+            assert len(ids) == sum(len(sp.encode(line)) for line in lines)
+
+
+def test_wt103_parallel_encoding_matches_serial(tmp_path):
+    rng = random.Random(1)
+    for split in FILES:
+        lines = [sentence(rng, 12) for _ in range(2500 if split == "train" else 10)]
+        (tmp_path / FILES[split]).write_text("\n".join(lines))
+    kw = dict(source=str(tmp_path), vocab_size=60)
+    one = Wt103.load(Wt103Config(cache_dir=str(tmp_path / "a"), num_proc=1, **kw))
+    two = Wt103.load(Wt103Config(cache_dir=str(tmp_path / "b"), num_proc=2, **kw))
+    np.testing.assert_array_equal(one.splits["train"], two.splits["train"])
+
+
+def test_enwik8_split_boundaries(tmp_path):
+    assert split_sizes(100_000_000) == (90_000_000, 5_000_000, 5_000_000)
+    raw = bytes(random.Random(2).choice(b"<page>abc \n\xc3\xa9[]{}") for _ in range(4099))
+    (tmp_path / "enwik8").write_bytes(raw)
+    with zipfile.ZipFile(tmp_path / "enwik8.zip", "w") as z:
+        z.writestr("enwik8", raw)
+    ids, vocab = bytes_to_ids(raw)
+    a, b = int(4099 * 0.9), int(4099 * 0.9) + int(4099 * 0.05)
+    for source in ("enwik8", "enwik8.zip"):
+        cfg = Enwik8Config(source=str(tmp_path / source), cache_dir=str(tmp_path / source[-3:]))
+        data = Enwik8.load(cfg)
+        assert data.metric == "bpc" and data.vocab_size == vocab == len(set(raw))
+        assert [len(data.splits[s]) for s in ("train", "valid", "test")] == [a, b - a, 4099 - b]
+        np.testing.assert_array_equal(np.concatenate(list(data.splits.values())), ids)
+        np.testing.assert_array_equal(data.splits["valid"], ids[a:b])
+    # prepared from a local copy, a run with no source finds it in the cache
+    again = Enwik8.load(Enwik8Config(cache_dir=str(tmp_path / "zip")))
+    np.testing.assert_array_equal(again.splits["test"], ids[b:])
+
+
+def write_shards(root: Path, pattern: str, n_files: int, docs_per_file: int, seed: int) -> list:
+    rng, docs = random.Random(seed), []
+    for i in range(n_files):
+        path = root / pattern.format(i)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        rows = []
+        for _ in range(docs_per_file):
+            doc = "\n".join(sentence(rng, rng.randint(4, 30)) for _ in range(rng.randint(1, 4)))
+            rows.append(json.dumps({"text": doc, "url": "x", "timestamp": "t"}))
+            docs.append(doc)
+        with gzip.open(path, "wt", encoding="utf-8") as f:
+            f.write("\n".join(rows) + "\n")
+    return docs
+
+
+@pytest.fixture
+def c4_dir(tmp_path):
+    train = write_shards(tmp_path / "c4", "en/c4-train.{:05d}-of-01024.json.gz", 2, 60, 3)
+    valid = write_shards(tmp_path / "c4", "en/c4-validation.{:05d}-of-00008.json.gz", 1, 30, 4)
+    return tmp_path / "c4", train, valid
+
+
+def test_c4_documents_separated_and_train_limited(tmp_path, c4_dir, monkeypatch):
+    src, train_docs, valid_docs = c4_dir
+    kw = dict(source=str(src), cache_dir=str(tmp_path / "cache"), vocab_size=80,
+              spm_train_docs=50, valid_docs=5, num_proc=1)
+    data = C4.load(C4Config(train_tokens=1500, **kw))
+    entry = C4.entry(C4Config(train_tokens=1500, **kw))
+    sp = decoder(entry.path)
+    eos = sp.eos_id()
+
+    def docs_of(ids):
+        assert ids[-1] == eos
+        return [sp.decode(p) for p in np.split(ids.tolist(), np.flatnonzero(ids == eos) + 1)[:-1]]
+
+    flat = lambda docs: [" ".join(d.split()) for d in docs]  # newlines -> word boundaries
+    assert docs_of(data.splits["valid"]) == flat(valid_docs[:5])
+    assert docs_of(data.splits["test"]) == flat(valid_docs[5:10])
+    train = data.splits["train"]
+    assert len(train) == 1500 and data.vocab_size == 80
+    n_docs = int((train == eos).sum())
+    assert docs_of(train[: np.flatnonzero(train == eos)[-1] + 1]) == flat(train_docs[:n_docs])
+    # fewer tokens: a prefix of the same cache, nothing re-tokenized
+    monkeypatch.setattr(subword, "encode_texts", lambda *a, **k: 1 / 0)
+    small = C4.load(C4Config(train_tokens=700, **kw))
+    np.testing.assert_array_equal(small.splits["train"], train[:700])
+    # more tokens: rebuilt with the same BPE model, the old run's tokens are its prefix
+    monkeypatch.undo()
+    monkeypatch.setattr(subword, "train_spm", lambda *a, **k: 1 / 0)
+    big = C4.load(C4Config(train_tokens=3000, **kw))
+    np.testing.assert_array_equal(big.splits["train"][:1500], train)
+    assert len(big.splits["train"]) == 3000
+    # more than the shards hold: an explicit request fails, the default takes all there is
+    with pytest.raises(DataError, match="train_tokens=10000000"):
+        C4.load(C4Config(train_tokens=10_000_000, **kw))
+    everything = C4.load(C4Config(**kw)).splits["train"]
+    assert (everything == eos).sum() == len(train_docs)
+
+
+def test_c4_parallel_encoding_matches_serial(tmp_path, c4_dir):
+    src = c4_dir[0]
+    kw = dict(source=str(src), vocab_size=100, spm_train_docs=50, valid_docs=3,
+              train_tokens=4000)
+    one = C4.load(C4Config(cache_dir=str(tmp_path / "a"), num_proc=1, **kw))
+    two = C4.load(C4Config(cache_dir=str(tmp_path / "b"), num_proc=2, **kw))
+    for s in ("train", "valid", "test"):
+        np.testing.assert_array_equal(one.splits[s], two.splits[s])
+
+
+def test_pes2o_layout_and_offline_message(tmp_path, monkeypatch):
+    write_shards(tmp_path / "p", "data/v2/train-{:05d}-of-00020.json.gz", 1, 80, 5)
+    valid = write_shards(tmp_path / "p", "data/v2/valid-{:05d}-of-00002.json.gz", 1, 10, 6)
+    cfg = Pes2oConfig(source=str(tmp_path / "p"), cache_dir=str(tmp_path / "c"),
+                      vocab_size=100, valid_docs=4, train_tokens=800, num_proc=1)
+    data = Pes2o.load(cfg)
+    sp = decoder(Pes2o.entry(cfg).path)
+    assert sp.decode(data.splits["valid"].tolist()) == " ".join(" ".join(d.split())
+                                                                 for d in valid[:4])
+    # no source, nothing prepared, no network: one line that says how to prepare it
+    fake = type(sys)("datasets")
+
+    def offline(*a, **k):
+        raise ConnectionError("Couldn't reach 'allenai/peS2o' on the Hub\n(offline)")
+
+    fake.load_dataset = offline
+    monkeypatch.setitem(sys.modules, "datasets", fake)
+    with pytest.raises(DataError) as e:
+        Pes2o.load(Pes2oConfig(cache_dir=str(tmp_path / "empty")))
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith("pes2o: could not stream allenai/peS2o")
+    assert "python scripts/prepare_data.py pes2o --source" in msg
+    assert not list((tmp_path / "empty" / "pes2o").glob("*/manifest.json"))
+
+
+def test_wikitext_mini_size_and_vocab(tmp_path):
+    data = WikitextMini.load(WikitextMiniConfig(cache_dir=str(tmp_path)))
+    n = {s: len(a) for s, a in data.splits.items()}
+    assert data.metric == "ppl" and data.vocab_size == 2048
+    assert 700_000 < n["train"] < 1_100_000 and min(n["valid"], n["test"]) > 30_000
+    total = sum(n.values())
+    assert 0.03 < n["valid"] / total < 0.07 and 0.03 < n["test"] / total < 0.07
+    counts = np.bincount(data.splits["train"], minlength=data.vocab_size)
+    assert counts.max() < total and np.median(counts) > 50  # pieces are well represented
+    sp = decoder(WikitextMini.entry(WikitextMiniConfig(cache_dir=str(tmp_path))).path)
+    text = sp.decode(data.splits["valid"][:3000].tolist())
+    assert text.startswith("= ") and "[[" not in text and "{{" not in text and "'''" not in text
+
+
+def test_prepare_data_script(tmp_path, capsys):
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import prepare_data
+    finally:
+        sys.path.pop(0)
+    (tmp_path / "enwik8").write_bytes(b"hello enwik8 " * 100)
+    assert prepare_data.main(["enwik8", "--source", str(tmp_path / "enwik8"),
+                              "--cache-dir", str(tmp_path / "c")]) == 0
+    assert "train 1,170, valid 65, test 65 tokens" in capsys.readouterr().out
+    assert prepare_data.main(["enwik8", "--source", str(tmp_path / "no"),
+                              "--cache-dir", str(tmp_path / "c")]) == 1
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "python scripts/prepare_data.py enwik8 --source" in err
+    assert prepare_data.main(["c4", "train_tokens=-1", "--cache-dir", str(tmp_path)]) == 1
+    assert "dataset.train_tokens" in capsys.readouterr().err

@@ -1,0 +1,67 @@
+"""configs/ffn/*.yaml: each composes into its variant's Config, and the WT-S / WT-B sizes
+match the dense baseline's parameter count (REFERENCE.md: within 1%)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from framework.config import ConfigError, from_dict
+from models.ffn import FFNS
+
+FFN_DIR = Path(__file__).resolve().parents[1] / "configs" / "ffn"
+WT_S = dict(d_model=412, n_layers=16, dropout=0.1)
+WT_B = dict(d_model=1024, n_layers=18, dropout=0.2)
+
+
+def build(name: str, model: dict, **overrides):
+    """Resolve configs/ffn/<name>.yaml against a model group, like Hydra would; the module
+    lives on the meta device (shapes only: counting parameters needs no init)."""
+    root = OmegaConf.create({"model": model, "ffn": OmegaConf.load(FFN_DIR / f"{name}.yaml")})
+    data = OmegaConf.to_container(root.ffn, resolve=True)
+    kind = data.pop("kind")
+    assert kind == name  # the registry name is the file name
+    cls = FFNS.get(kind)
+    with torch.device("meta"):
+        return cls(from_dict(cls.Config, {**data, **overrides}, "ffn"))
+
+
+def n_params(module: torch.nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+def test_every_registered_variant_has_a_yaml_and_back():
+    assert sorted(p.stem for p in FFN_DIR.glob("*.yaml")) == FFNS.names()
+
+
+@pytest.mark.parametrize("model, overrides", [
+    (WT_S, {"topk": {}, "pkm": {}, "sigma_moe": {}, "switch": {}, "sbase": {}}),
+    (WT_B, {"dense": {"d_ff": 4110}, "topk": {"d_ff": 4110}, "pkm": {"n_subkeys": 89},
+            "sigma_moe": {"n_experts": 32}, "switch": {"n_experts": 8},
+            "sbase": {"n_experts": 32}}),
+])
+def test_yaml_defaults_build_and_match_dense_parameter_count(model, overrides):
+    dense = n_params(build("dense", model, **overrides.get("dense", {})))
+    for name in FFNS.names():
+        if name == "dense":
+            continue
+        count = n_params(build(name, model, **overrides[name]))
+        assert abs(count / dense - 1) < 0.01, (name, count, dense)
+
+
+def test_yaml_comments_document_the_paper_rows():
+    s = build("switch", WT_S).cfg
+    got = (s.n_experts, s.expert_size, s.k, s.balance_coef, s.hidden_dropout)
+    assert got == (4, 512, 1, 0.01, 0.1)
+    b = build("sbase", WT_S).cfg
+    assert (b.n_experts, b.expert_size, b.k, b.sinkhorn_iters, b.reg_gamma) == (16, 128, 4, 3, 1e-3)
+    p = build("pkm", WT_S).cfg
+    assert (p.n_subkeys, p.heads, p.k, p.activation, p.dense) == (62, 4, 128, "relu", False)
+
+
+def test_unknown_key_is_refused_with_a_hint():
+    hint = r"unknown config key 'ffn.sinkhorn_iter'.*did you mean 'sinkhorn_iters'"
+    with pytest.raises(ConfigError, match=hint):
+        build("sbase", WT_S, sinkhorn_iter=2)

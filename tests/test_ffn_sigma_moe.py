@@ -1,0 +1,131 @@
+"""sigma-MoE (paper Sec. 4) against its equations: output, regularizer, init, dropout."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from framework.config import ConfigError
+from models.ffn.base import entropy_regularizer
+from models.ffn.experts import ExpertsConfig
+from models.ffn.sigma_moe import SigmaMoE, SigmaMoEConfig
+
+D, E, G, K, L = 10, 6, 8, 2, 4
+
+
+def make(**kw) -> SigmaMoE:
+    cfg = dict(d_model=D, n_layers=L, n_experts=E, expert_size=G, k=K, backend="reference")
+    return SigmaMoE(SigmaMoEConfig(**{**cfg, **kw}))
+
+
+def brute_moe(moe, x_D, experts, gates) -> torch.Tensor:
+    """sum_k gate_k W2[e_k]^T relu(W1[e_k]^T x), one expert at a time (Eq. moe_out)."""
+    y_D = torch.zeros(D)
+    for e, g in zip(experts, gates):
+        y_D = y_D + g * (torch.relu(x_D @ moe.w1_EDG[e]) @ moe.w2_EGD[e])
+    return y_D
+
+
+def brute_sigma(moe, x_D, selection) -> torch.Tensor:
+    z_E = moe.w3_ED @ x_D
+    if selection == "softmax_renorm":  # top-K on logits, softmax over the K
+        top = sorted(range(E), key=lambda e: -z_E[e].item())[:K]
+        w = [math.exp(z_E[e].item()) for e in top]
+        return brute_moe(moe, x_D, top, [v / sum(w) for v in w])
+    s_E = torch.sigmoid(z_E) if selection == "sigmoid" else torch.softmax(z_E, 0)
+    top = sorted(range(E), key=lambda e: -s_E[e].item())[:K]
+    return brute_moe(moe, x_D, top, [s_E[e] for e in top])
+
+
+@pytest.mark.parametrize("selection", ["sigmoid", "softmax", "softmax_renorm"])
+def test_output_matches_per_token_loop(selection):
+    torch.manual_seed(0)
+    moe = make(selection=selection, expert_dropout=0.5, hidden_dropout=0.5).eval()
+    x_BTD = torch.randn(2, 4, D)
+    with torch.no_grad():
+        y_TD = moe(x_BTD).reshape(-1, D)
+        want = torch.stack([brute_sigma(moe, x, selection) for x in x_BTD.reshape(-1, D)])
+    torch.testing.assert_close(y_TD, want, rtol=1e-5, atol=1e-6)
+
+
+def test_entropy_regularizer_hand_built():
+    # token 1: p = (1/4, 3/4); token 2: p = (1/2, 1/2) -> mean p = (3/8, 5/8)
+    logits_TE = torch.tensor([[0.0, math.log(3.0)], [0.0, 0.0]])
+    want = 3 / 8 * math.log(3 / 8) + 5 / 8 * math.log(5 / 8)
+    assert entropy_regularizer(logits_TE).item() == pytest.approx(want, rel=1e-6)
+    moe = make(n_experts=2, k=1, reg_gamma=0.5).train()
+    moe.select(logits_TE)
+    assert moe.pop_loss().item() == pytest.approx(0.5 * want, rel=1e-6)
+    moe.eval()
+    moe.select(logits_TE)
+    assert moe.pop_loss() is None  # training only
+
+
+def test_init_standard_deviations():
+    torch.manual_seed(0)
+    big = dict(d_model=96, n_layers=8, n_experts=16, expert_size=48, k=2)
+    gain = math.sqrt(2 / 8)
+    for init, fan2 in [("sigma_moe", 16 * 48), ("standard", 48)]:
+        moe = make(**big, init=init)
+        assert moe.w1_EDG.std().item() == pytest.approx(gain / math.sqrt(96), rel=0.03)
+        assert moe.w2_EGD.std().item() == pytest.approx(gain / math.sqrt(fan2), rel=0.03)
+        norms_E = moe.w3_ED.norm(dim=-1)
+        torch.testing.assert_close(norms_E, norms_E[:1].expand(16), rtol=1e-5, atol=0)
+        assert moe.w3_ED.std().item() == pytest.approx(gain / math.sqrt(96), rel=1e-5)
+
+
+@pytest.mark.parametrize("selection", ["sigmoid", "softmax", "softmax_renorm"])
+def test_expert_dropout_gives_dropped_experts_zero_weight(selection):
+    torch.manual_seed(0)
+    moe = make(n_experts=8, k=3, selection=selection, expert_dropout=0.5).train()
+    logits_TE = torch.randn(200, 8)
+    torch.manual_seed(123)
+    expert_TK, gate_TK = moe.select(logits_TE)
+    torch.manual_seed(123)  # the same draw as inside select (Eq. expert_drop)
+    keep_TE = torch.rand_like(logits_TE) >= 0.5
+    kept_TK = keep_TE.gather(-1, expert_TK)
+    assert (gate_TK[~kept_TK] == 0).all() and (~kept_TK).any()
+    assert (gate_TK[kept_TK] > 0).all()
+    # The kept experts are the best-scoring kept ones: nothing better was kept but skipped.
+    masked_TE = logits_TE.masked_fill(~keep_TE, -math.inf)
+    best_TK = masked_TE.topk(3, dim=-1).values
+    n_kept_T = keep_TE.sum(-1)
+    for t in range(200):
+        m = min(3, int(n_kept_T[t]))
+        got = sorted(logits_TE[t, expert_TK[t][kept_TK[t]]].tolist(), reverse=True)
+        assert got == pytest.approx(best_TK[t, :m].tolist())
+
+
+def test_evaluation_is_deterministic_and_training_is_not():
+    torch.manual_seed(0)
+    moe = make(expert_dropout=0.3, hidden_dropout=0.3)
+    x_BTD = torch.randn(2, 8, D)
+    moe.eval()
+    torch.testing.assert_close(moe(x_BTD), moe(x_BTD), rtol=0, atol=0)
+    moe.train()
+    assert not torch.equal(moe(x_BTD), moe(x_BTD))
+
+
+def test_routing_stats_count_selections():
+    torch.manual_seed(0)
+    moe = make().eval()
+    moe.stats.enabled = True
+    x_TD = torch.randn(30, D)
+    moe(x_TD)
+    s = moe.stats.summary()
+    top_TK = (x_TD @ moe.w3_ED.T).topk(K, dim=-1).indices
+    count_E = torch.bincount(top_TK.flatten(), minlength=E).double()
+    assert s["dead_fraction"] == pytest.approx(float((count_E == 0).double().mean()))
+    usage_E = count_E / count_E.sum()
+    ent = -(usage_E * usage_E.clamp_min(1e-30).log()).sum()
+    assert s["usage_entropy"] == pytest.approx(float(ent))
+    assert sum(s["expert_share"]) == pytest.approx(1.0)
+
+
+def test_k_above_n_experts_is_one_line_config_error():
+    with pytest.raises(ConfigError, match=r"ffn.k=7 .* ffn.n_experts=6.*lower ffn.k") as e:
+        ExpertsConfig(d_model=D, n_layers=L, n_experts=6, expert_size=G, k=7)
+    assert "\n" not in str(e.value)
+    with pytest.raises(ConfigError, match="expert_dropout"):
+        SigmaMoEConfig(d_model=D, n_layers=L, n_experts=E, expert_size=G, k=K, expert_dropout=1.0)
