@@ -86,6 +86,9 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
 
 def load_latest(run_dir: Path, warn=print) -> dict[str, Any] | None:
     """The newest checkpoint that verifies and loads; bad ones are reported and skipped."""
+    if run_dir.is_dir():  # temp files of a write that was killed are never complete
+        for tmp in run_dir.glob(".checkpoint_*.tmp"):
+            tmp.unlink(missing_ok=True)
     for path in reversed(list_checkpoints(run_dir)):
         try:
             return load_checkpoint(path)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import random
+import signal
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -25,6 +26,13 @@ from tqdm import tqdm
 
 from framework.checkpoint import load_latest, save_checkpoint
 from framework.config import ConfigError
+from framework.distributed import (
+    SINGLE_PROCESS,
+    DistInfo,
+    all_gather_object,
+    barrier,
+    mean_over_ranks,
+)
 from framework.optim import build_optimizer, lr_factor
 
 
@@ -48,6 +56,9 @@ class TrainerConfig:
     nan_policy: Literal["stop", "skip"] = "stop"
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     progress: bool = True
+    # Slurm's warning before a time limit / preemption: checkpoint, then let the signal act
+    # (default: exit; under submitit: requeue). The rerun resumes.
+    preempt_signals: tuple[str, ...] = ("SIGUSR1", "SIGUSR2", "SIGTERM")
 
     def __post_init__(self) -> None:
         for key in ("steps", "grad_accum", "val_every", "ckpt_every", "log_every"):
@@ -97,19 +108,28 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def bad_gradients(model: torch.nn.Module) -> list[str]:
-    """Names of parameters whose gradient holds NaN/inf (for the divergence message)."""
-    return [n for n, p in model.named_parameters()
-            if p.grad is not None and not torch.isfinite(p.grad).all()]
+def nonfinite_report(model: torch.nn.Module) -> str:
+    """Which weights and gradients hold NaN/inf, for the divergence message."""
+    params = [n for n, p in model.named_parameters() if not torch.isfinite(p).all()]
+    grads = [n for n, p in model.named_parameters()
+             if p.grad is not None and not torch.isfinite(p.grad).all()]
+    parts = []
+    if params:
+        parts.append(f"non-finite weights in {', '.join(params[:4])}")
+    if grads:
+        parts.append(f"non-finite gradients in {len(grads)} tensors (first: "
+                     f"{', '.join(grads[:3])})")
+    return "; " + "; ".join(parts) if parts else ""
 
 
 class Trainer:
     def __init__(self, cfg: TrainerConfig, task, run_dir: Path, logger, device: torch.device,
-                 is_main: bool = True, config_hash: str = "", ddp_model=None):
+                 dist_info: DistInfo = SINGLE_PROCESS, config_hash: str = ""):
         self.cfg, self.task, self.run_dir, self.logger = cfg, task, run_dir, logger
-        self.device, self.is_main, self.config_hash = device, is_main, config_hash
+        self.device, self.dist, self.config_hash = device, dist_info, config_hash
+        self.is_main = dist_info.is_main
         self.model = task.model
-        self.train_model = ddp_model or self.model  # what forward/backward go through
+        self._signal: int | None = None
         self.amp_dtype = resolve_precision(cfg.precision, device)
         self.optimizer = build_optimizer(self.model, cfg.lr, tuple(cfg.betas), cfg.eps,
                                          cfg.weight_decay)
@@ -120,7 +140,7 @@ class Trainer:
     def state_dict(self) -> dict[str, Any]:
         return {"step": self.step, "model": self.model.state_dict(),
                 "optimizer": self.optimizer.state_dict(), "scaler": self.scaler.state_dict(),
-                "task": self.task.state_dict(), "rng": rng_state(),
+                "task": self.task.state_dict(), "rng": all_gather_object(rng_state()),
                 "config_hash": self.config_hash}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -128,12 +148,15 @@ class Trainer:
         self.optimizer.load_state_dict(state["optimizer"])
         self.scaler.load_state_dict(state["scaler"])
         self.task.load_state_dict(state["task"])
-        set_rng_state(state["rng"])
+        rngs = state["rng"]  # one per rank
+        set_rng_state(rngs[self.dist.rank] if self.dist.rank < len(rngs) else rngs[0])
         self.step = int(state["step"])
 
     def checkpoint(self) -> None:
+        state = self.state_dict()  # collective under DDP (memory and RNG of every rank)
         if self.is_main:
-            save_checkpoint(self.run_dir, self.step, self.state_dict(), self.cfg.keep_checkpoints)
+            save_checkpoint(self.run_dir, self.step, state, self.cfg.keep_checkpoints)
+        barrier()
 
     def resume(self) -> bool:
         state = load_latest(self.run_dir, warn=lambda m: tqdm.write(m))
@@ -164,6 +187,7 @@ class Trainer:
             self.scaler.scale(loss / cfg.grad_accum).backward()
             for k, v in metrics.items():
                 totals[k] = totals.get(k, 0.0) + float(v) / cfg.grad_accum
+        totals = mean_over_ranks(totals)  # every rank decides the same (skip/stop) below
         self.scaler.unscale_(self.optimizer)
         max_norm = cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
@@ -180,8 +204,7 @@ class Trainer:
         return totals
 
     def _diverged(self, totals: dict[str, float], grad_norm: float) -> None:
-        bad = bad_gradients(self.model)
-        where = f"; non-finite gradients in {', '.join(bad[:5])}" if bad else ""
+        where = nonfinite_report(self.model)
         msg = (f"non-finite loss/gradient at step {self.step + 1}: "
                f"{', '.join(f'{k}={v:.4g}' for k, v in totals.items())}, "
                f"grad_norm={grad_norm:.4g}{where}")
@@ -190,7 +213,34 @@ class Trainer:
                                    "or set trainer.nan_policy=skip")
         tqdm.write("warning: skipping step: " + msg)
 
+    def _on_signal(self, signum, frame) -> None:
+        self._signal = signum
+
+    def _preempted(self) -> bool:
+        """Whether any rank got a preemption signal (collective under DDP: all agree)."""
+        if self.dist.enabled:
+            if mean_over_ranks({"s": float(self._signal or 0)})["s"] > 0:
+                self._signal = self._signal or signal.SIGTERM
+        return self._signal is not None
+
     def fit(self) -> None:
+        cfg = self.cfg
+        previous = {}
+        for name in cfg.preempt_signals:
+            sig = getattr(signal, name)
+            previous[sig] = signal.signal(sig, self._on_signal)
+        try:
+            self._fit()
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+        if self._signal is not None:  # checkpoint written: now let the signal do its job
+            tqdm.write(f"{signal.Signals(self._signal).name} at step {self.step}: checkpoint "
+                       f"written in {self.run_dir}; rerun the same command to resume")
+            signal.raise_signal(self._signal)
+            raise SystemExit(128 + self._signal)  # a handler that returned: still stop
+
+    def _fit(self) -> None:
         cfg = self.cfg
         if self.resume() and self.is_main:
             tqdm.write(f"resumed from step {self.step} in {self.run_dir}")
@@ -214,6 +264,9 @@ class Trainer:
                 self.logger.log({f"valid/{k}": v for k, v in self.task.validate().items()},
                                 self.step)
                 self.model.train()
-            if self.step % cfg.ckpt_every == 0 or self.step == cfg.steps:
+            preempted = self._preempted()
+            if self.step % cfg.ckpt_every == 0 or self.step == cfg.steps or preempted:
                 self.checkpoint()
+            if preempted:
+                break
         bar.close()

@@ -18,6 +18,7 @@ from tqdm import tqdm
 
 from framework.config import ConfigError, from_dict
 from framework.data import DATASETS, StreamBatcher, TokenData
+from framework.distributed import all_gather_cat
 from models.ffn import FFNS
 from models.transformer_xl import Memory, TransformerXL, TransformerXLConfig
 
@@ -152,10 +153,16 @@ class LMTask:
 
     # -- state -----------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        mems = [m.cpu() for m in self.mems] if self.mems else None
+        """Data position and the memory of the *whole* batch (gathered over ranks)."""
+        mems = [all_gather_cat(m).cpu() for m in self.mems] if self.mems else None
         return {"batcher": self.batcher.state_dict(), "mems": mems}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.batcher.load_state_dict(state["batcher"])
         mems = state["mems"]
-        self.mems = [m.to(self.device) for m in mems] if mems else None
+        if mems:
+            per_rank = mems[0].shape[0] // self.world_size
+            rows = slice(self.rank * per_rank, (self.rank + 1) * per_rank)
+            self.mems = [m[rows].to(self.device) for m in mems]
+        else:
+            self.mems = None

@@ -12,13 +12,18 @@ from typing import Any
 
 import torch
 from omegaconf import OmegaConf
+from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
 from framework.checkpoint import atomic_write_bytes, load_latest
 from framework.config import ConfigError, from_dict
+from framework.data import DATASETS
+from framework.distributed import init_distributed
 from framework.experiment import check_writable, config_hash, write_results
 from framework.loggers import LoggerConfig, RunLogger
 from framework.trainer import Trainer, TrainerConfig, resolve_device, seed_everything
+from models.ffn.experts import ExpertsConfig
+from models.flops import ffn_flops, relative_ffn_flops
 from models.transformer_xl import TransformerXL, n_params
 from tasks import TASKS
 from tasks.lm import LMTask, LMTaskConfig, build_model_config, load_data
@@ -43,18 +48,31 @@ def run(cfg: dict[str, Any], run_dir: Path) -> dict[str, Any] | None:
     data = load_data(cfg)
     model_cfg = build_model_config(cfg, data.vocab_size)
     device = resolve_device(trainer_cfg.device)
-    check_writable(run_dir)
-    atomic_write_bytes(run_dir / "config.yaml", OmegaConf.to_yaml(cfg).encode())
-    seed_everything(trainer_cfg.seed)
+    dist_info = init_distributed(device.type)
+    if device.type == "cuda" and dist_info.enabled:
+        device = torch.device("cuda", dist_info.local_rank)
+        torch.cuda.set_device(device)
+    if dist_info.is_main:
+        check_writable(run_dir)
+        atomic_write_bytes(run_dir / "config.yaml", OmegaConf.to_yaml(cfg).encode())
+    seed_everything(trainer_cfg.seed)  # same init on every rank (DDP also broadcasts it)
     model = TransformerXL(model_cfg).to(device)
-    task = LMTask(task_cfg, data, model, device)
+    seed_everything(trainer_cfg.seed + dist_info.rank)  # own dropout masks per rank
+    train_model = model
+    if dist_info.enabled:
+        train_model = DistributedDataParallel(
+            model, device_ids=[device.index] if device.type == "cuda" else None)
+    task = LMTask(task_cfg, data, model, device, dist_info.rank, dist_info.world_size,
+                  train_model)
     chash = config_hash(cfg)
-    logger = RunLogger(logger_cfg, run_dir, cfg, cfg.get("name", "run"))
+    logger = RunLogger(logger_cfg, run_dir, cfg, cfg.get("name", "run"), dist_info.is_main)
     count = n_params(model)
-    tqdm.write(f"run {run_dir} | {cfg.get('name')} | {count / 1e6:.2f}M params | "
-               f"ffn={model_cfg.ffn_kind} | seed={trainer_cfg.seed} | device={device}")
+    if dist_info.is_main:
+        tqdm.write(f"run {run_dir} | {cfg.get('name')} | {count / 1e6:.2f}M params | "
+                   f"ffn={model_cfg.ffn_kind} | seed={trainer_cfg.seed} | device={device} | "
+                   f"ranks={dist_info.world_size}")
     try:
-        trainer = Trainer(trainer_cfg, task, run_dir, logger, device, config_hash=chash)
+        trainer = Trainer(trainer_cfg, task, run_dir, logger, device, dist_info, chash)
         start = time.perf_counter()
         if mode == "train":
             trainer.fit()
@@ -69,12 +87,16 @@ def run(cfg: dict[str, Any], run_dir: Path) -> dict[str, Any] | None:
                                    "steps": trainer.step, "n_params": count,
                                    "config_hash": chash, "seed": trainer_cfg.seed,
                                    "train_seconds": round(train_s, 1)}
+        # Every rank evaluates the same streams (identical numbers); rank 0 writes them.
         for split in ("valid", "test"):
             r = task.evaluate(split, task_cfg.eval_batch_size, task_cfg.eval_mem_segments,
-                              task_cfg.final_segments, stats=True, progress=trainer_cfg.progress)
+                              task_cfg.final_segments, stats=True,
+                              progress=trainer_cfg.progress and dist_info.is_main)
             results[split] = {k: v for k, v in r.items() if k != "routing"}
             results[f"{split}_routing"] = r["routing"]
             logger.log({f"final_{split}/{k}": v for k, v in results[split].items()}, trainer.step)
+        if not dist_info.is_main:
+            return results
         write_results(run_dir, results)
         logger.summary({f"{s}_{data.metric}": results[s][data.metric] for s in ("valid", "test")})
         print(f"final valid {data.metric} {results['valid'][data.metric]:.4f} | "
@@ -87,19 +109,24 @@ def run(cfg: dict[str, Any], run_dir: Path) -> dict[str, Any] | None:
 
 def print_params(cfg: dict[str, Any]) -> dict[str, Any]:
     """Parameter count of an experiment without allocating it (meta device)."""
-    vocab = int(cfg.get("vocab_size") or 0) or _vocab_of(cfg)
+    vocab = _vocab_of(cfg)
     model_cfg = build_model_config(cfg, vocab)
     with torch.device("meta"):
         model = TransformerXL(model_cfg)
     out = {"n_params": n_params(model), "ffn_param_share": ffn_param_share(model),
-           "vocab_size": vocab}
-    print(f"{cfg.get('name')}: {out['n_params'] / 1e6:.2f}M parameters "
-          f"(FFN {100 * out['ffn_param_share']:.1f}%), vocab {vocab}")
+           "vocab_size": vocab, "ffn_flops_per_token": ffn_flops(model_cfg.ffn)}
+    line = (f"{cfg.get('name')}: {out['n_params'] / 1e6:.2f}M parameters "
+            f"(FFN {100 * out['ffn_param_share']:.1f}%), vocab {vocab}, "
+            f"FFN {out['ffn_flops_per_token'] / 1e6:.2f} MFLOPs/token/layer")
+    if isinstance(model_cfg.ffn, ExpertsConfig):
+        # Tab. flops_detailed: FLOPs and activation memory vs the dense MLP of width N_E * G
+        out["ffn_relative_flops"] = relative_ffn_flops(model_cfg.ffn)
+        line += f" = {100 * out['ffn_relative_flops']:.1f}% of dense FLOPs and memory"
+    print(line)
     return out
 
 
 def _vocab_of(cfg: dict[str, Any]) -> int:
-    vocab = cfg["dataset"].get("vocab_size")
-    if vocab:
-        return int(vocab)
-    return load_data(cfg).vocab_size
+    """The vocabulary from the config when it fixes it, else from the (prepared) data."""
+    nominal = getattr(DATASETS.get(cfg["dataset"]["kind"]), "nominal_vocab_size", None)
+    return int(cfg["dataset"].get("vocab_size") or nominal or load_data(cfg).vocab_size)

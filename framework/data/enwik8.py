@@ -68,6 +68,7 @@ def build(src: Source, out: Path, previous: Entry | None) -> dict:
 
 @DATASETS.register("enwik8")
 class Enwik8:
+    nominal_vocab_size = 205  # distinct bytes of enwik8, for `mode=params` without the data
     Config = Enwik8Config
 
     @staticmethod

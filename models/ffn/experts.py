@@ -31,8 +31,17 @@ class ExpertsConfig:
     hidden_dropout: float = 0.0  # ordinary dropout on expert hidden units ("standard dropout")
     init: Literal["sigma_moe", "standard"] = "sigma_moe"  # W2 std from N_E*G, or from G
     backend: str = "auto"  # kernels.moe_mlp backend: auto | triton | grouped_mm | torch | reference
+    d_ff: int = 0  # total expert width N_E * G; 0 = derived, else checked against N_E * G
 
     def __post_init__(self) -> None:
+        if self.d_ff == 0:
+            object.__setattr__(self, "d_ff", self.n_experts * self.expert_size)
+        elif self.d_ff != self.n_experts * self.expert_size:
+            raise ConfigError(
+                f"ffn.d_ff={self.d_ff} != ffn.n_experts * ffn.expert_size = "
+                f"{self.n_experts} * {self.expert_size} = {self.n_experts * self.expert_size}: "
+                f"change one of them (d_ff = N_E * G, paper Sec. 3.3)"
+            )
         if not 1 <= self.k <= self.n_experts:
             raise ConfigError(
                 f"ffn.k={self.k} must be between 1 and ffn.n_experts={self.n_experts}: "
@@ -40,10 +49,6 @@ class ExpertsConfig:
             )
         if self.expert_size <= 0:
             raise ConfigError(f"ffn.expert_size must be positive, got {self.expert_size}")
-
-    @property
-    def d_ff(self) -> int:
-        return self.n_experts * self.expert_size
 
 
 class ExpertsFFN(FFN):

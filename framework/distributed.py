@@ -1,0 +1,95 @@
+"""Data parallelism (torchrun / Slurm via submitit): process group, rank info, helpers.
+
+`torchrun --nproc_per_node N run.py +exp=...` sets RANK / WORLD_SIZE / LOCAL_RANK; under
+Slurm (hydra-submitit-launcher with tasks_per_node > 1) submitit's JobEnvironment gives
+the same. gloo on CPU, nccl on CUDA. Without either, everything runs in one process.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+
+SINGLE_PROCESS = DistInfo()
+
+
+def _from_submitit() -> DistInfo | None:
+    if "SLURM_JOB_ID" not in os.environ or int(os.environ.get("SLURM_NTASKS", "1")) < 2:
+        return None
+    try:
+        import submitit
+
+        env = submitit.JobEnvironment()
+    except (ImportError, RuntimeError):
+        return None
+    os.environ.setdefault("MASTER_ADDR", env.hostnames[0])
+    os.environ.setdefault("MASTER_PORT", str(29500 + int(env.job_id) % 20000))
+    return DistInfo(env.global_rank, env.num_tasks, env.local_rank)
+
+
+def init_distributed(device_type: str) -> DistInfo:
+    """Join the process group if launched with several processes; no-op otherwise."""
+    if dist.is_available() and dist.is_initialized():
+        return DistInfo(dist.get_rank(), dist.get_world_size(),
+                        int(os.environ.get("LOCAL_RANK", 0)))
+    if "WORLD_SIZE" in os.environ and int(os.environ["WORLD_SIZE"]) > 1:
+        info = DistInfo(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]),
+                        int(os.environ.get("LOCAL_RANK", 0)))
+    else:
+        info = _from_submitit() or DistInfo()
+    if info.enabled:
+        backend = "nccl" if device_type == "cuda" else "gloo"
+        dist.init_process_group(backend, rank=info.rank, world_size=info.world_size)
+    return info
+
+
+def all_gather_cat(t: torch.Tensor, dim: int = 0) -> torch.Tensor:
+    """Concatenate a tensor of equal shape from every rank (rank order)."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return t
+    parts = [torch.empty_like(t) for _ in range(dist.get_world_size())]
+    dist.all_gather(parts, t.contiguous())
+    return torch.cat(parts, dim)
+
+
+def all_gather_object(obj: Any) -> list[Any]:
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return [obj]
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def mean_over_ranks(values: dict[str, float]) -> dict[str, float]:
+    """Average scalar metrics over ranks (what one process with the whole batch logs)."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return values
+    keys = sorted(values)
+    device = "cuda" if dist.get_backend() == "nccl" else "cpu"
+    t = torch.tensor([values[k] for k in keys], dtype=torch.float64, device=device)
+    dist.all_reduce(t)
+    return {k: float(v) / dist.get_world_size() for k, v in zip(keys, t.tolist())}
+
+
+def barrier() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()

@@ -1,0 +1,216 @@
+"""Never lose a run: each fault is injected and the outcome checked (issue 8).
+
+Kill -9 (at a random step and in the middle of a checkpoint write), SIGTERM preemption,
+corrupt checkpoints, NaN, an unwritable or full disk, and rerunning a finished run.
+"""
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from framework.checkpoint import list_checkpoints, load_checkpoint
+from framework.config import ConfigError
+from framework.trainer import Trainer, TrainingDiverged
+from tasks import TASKS
+from tests.helpers import TINY, TINY_MOE, compose_cfg
+
+ROOT = Path(__file__).resolve().parent.parent
+RUN = TASKS.get("lm")
+OVERRIDES = [*TINY, *TINY_MOE, "trainer.steps=10", "trainer.ckpt_every=2",
+             "trainer.log_every=1", "trainer.val_every=100", "task.final_segments=2",
+             "model.dropout=0.1", "ffn.expert_dropout=0.1"]
+
+# Runs run.py in a subprocess; FAULT (python code) is executed first to install the fault.
+DRIVER = """
+import os, runpy, signal, sys
+sys.path.insert(0, {root!r})
+{fault}
+sys.argv = ["run.py", *{args!r}]
+runpy.run_path({run_py!r}, run_name="__main__")
+"""
+
+KILL_IN_SAVE = """
+import framework.checkpoint as ck
+real_save, calls = ck.torch.save, [0]
+def save(obj, f, *a, **k):
+    calls[0] += 1
+    if calls[0] == 2:  # the second checkpoint: write part of it, then die
+        f.write(b"partial checkpoint bytes"); f.flush(); os.kill(os.getpid(), signal.SIGKILL)
+    return real_save(obj, f, *a, **k)
+ck.torch.save = save
+"""
+
+
+def cli(run_dir, *extra, fault="", wait=True):
+    args = [*OVERRIDES, f"hydra.run.dir={run_dir}", *extra]
+    code = DRIVER.format(root=str(ROOT), fault=fault, args=args, run_py=str(ROOT / "run.py"))
+    env = {**os.environ, "OMP_NUM_THREADS": "2"}
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    if wait:
+        out, err = proc.communicate(timeout=300)
+        return proc.returncode, out, err
+    return proc
+
+
+def wait_for_step(run_dir: Path, step: int, proc, timeout=120) -> None:
+    start = time.time()
+    while time.time() - start < timeout:
+        path = run_dir / "metrics.jsonl"
+        if path.exists() and sum(1 for _ in open(path)) >= step:
+            return
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.05)
+    raise TimeoutError
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """An uninterrupted run of the same command."""
+    run_dir = tmp_path_factory.mktemp("ref") / "run"
+    rc, out, err = cli(run_dir)
+    assert rc == 0, err
+    return json.loads((run_dir / "results.json").read_text())
+
+
+def same_results(run_dir: Path, reference: dict) -> None:
+    got = json.loads((run_dir / "results.json").read_text())
+    assert got["valid"] == reference["valid"] and got["test"] == reference["test"]
+    assert got["steps"] == 10 and not list(run_dir.glob(".*.tmp"))
+
+
+def test_kill9_at_random_step_then_rerun_matches(tmp_path, reference):
+    step = random.Random(os.getpid()).randint(3, 8)
+    proc = cli(tmp_path / "run", wait=False)
+    wait_for_step(tmp_path / "run", step, proc)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    rc, out, err = cli(tmp_path / "run")
+    assert rc == 0, err
+    assert "resumed from step" in out + err
+    same_results(tmp_path / "run", reference)  # bitwise: the same numbers
+
+
+def test_kill9_during_checkpoint_write_then_rerun_matches(tmp_path, reference):
+    rc, _, _ = cli(tmp_path / "run", fault=KILL_IN_SAVE)
+    assert rc == -signal.SIGKILL
+    assert [p.name for p in list_checkpoints(tmp_path / "run")] == ["checkpoint_00000002.pt"]
+    rc, out, err = cli(tmp_path / "run")
+    assert rc == 0, err
+    assert "resumed from step 2" in out + err
+    same_results(tmp_path / "run", reference)
+
+
+def test_sigterm_checkpoints_and_rerun_resumes(tmp_path, reference):
+    proc = cli(tmp_path / "run", "trainer.ckpt_every=1000", wait=False)
+    wait_for_step(tmp_path / "run", 3, proc)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == -signal.SIGTERM, err
+    assert "SIGTERM at step" in out + err and "rerun the same command" in out + err
+    (ckpt,) = list_checkpoints(tmp_path / "run")
+    assert 3 <= int(ckpt.stem.split("_")[1]) < 10
+    rc, out, err = cli(tmp_path / "run", "trainer.ckpt_every=1000")
+    assert rc == 0 and "resumed from step" in out + err, err
+
+
+def test_corrupt_checkpoint_falls_back_to_previous(tmp_path, capsys):
+    cfg = compose_cfg([*OVERRIDES, "trainer.steps=4"])
+    RUN(cfg, tmp_path)
+    newest = list_checkpoints(tmp_path)[-1]
+    newest.write_bytes(newest.read_bytes()[:1000])  # truncated
+    (tmp_path / "results.json").unlink()
+    loaded = []
+    real = Trainer.load_state_dict
+    orig = lambda self, state: (loaded.append(state["step"]), real(self, state))  # noqa: E731
+    Trainer.load_state_dict = orig
+    try:
+        RUN(cfg, tmp_path)
+    finally:
+        Trainer.load_state_dict = real
+    assert loaded == [2]
+    lines = [x for x in capsys.readouterr().out.splitlines() if "skipping checkpoint" in x]
+    assert lines == ["warning: skipping checkpoint checkpoint_00000004.pt: checksum mismatch "
+                     "(truncated or corrupt); trying the previous one"]
+
+
+def test_nan_stops_with_a_message_and_keeps_last_good_checkpoint(tmp_path, monkeypatch):
+    real = Trainer.train_step
+
+    def poisoned(self):
+        if self.step == 3:
+            with torch.no_grad():
+                self.model.blocks[1].ffn.w1_EDG.fill_(float("nan"))
+        return real(self)
+
+    monkeypatch.setattr(Trainer, "train_step", poisoned)
+    with pytest.raises(TrainingDiverged) as err:
+        RUN(compose_cfg(OVERRIDES), tmp_path)
+    msg = str(err.value)
+    assert "at step 4" in msg and "blocks.1.ffn.w1_EDG" in msg and "\n" not in msg
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["checkpoint_00000002.pt"]
+    state = load_checkpoint(list_checkpoints(tmp_path)[-1])
+    assert all(torch.isfinite(v).all() for v in state["model"].values())
+
+
+def test_nan_skip_policy_skips_the_step(tmp_path, monkeypatch):
+    from tasks.lm import LMTask
+
+    real = LMTask.train_losses
+    calls = [0]
+
+    def once_nan(self, n):
+        calls[0] += 1
+        for loss, m in real(self, n):
+            yield (loss * float("nan"), m) if calls[0] == 3 else (loss, m)
+
+    monkeypatch.setattr(LMTask, "train_losses", once_nan)
+    RUN(compose_cfg([*OVERRIDES, "trainer.nan_policy=skip"]), tmp_path)
+    rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    skipped = [r["step"] for r in rows if r.get("train/skipped")]
+    assert skipped == [3]
+    assert all(torch.isfinite(v).all() for v in
+               load_checkpoint(list_checkpoints(tmp_path)[-1])["model"].values())
+
+
+def test_unwritable_or_full_run_dir_fails_before_training(tmp_path, monkeypatch):
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ConfigError, match="is not writable"):
+        RUN(compose_cfg(OVERRIDES), tmp_path / "file" / "run")
+    import shutil
+
+    usage = shutil.disk_usage(tmp_path)
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: usage._replace(free=10 * 2**20))
+    with pytest.raises(ConfigError, match="only 10 MB free"):
+        RUN(compose_cfg(OVERRIDES), tmp_path / "full")
+    assert not list((tmp_path / "full").glob("checkpoint_*"))
+
+
+def test_finished_run_is_not_retrained_and_fresh_starts_anew(tmp_path, reference):
+    run_dir = tmp_path / "run"
+    assert cli(run_dir)[0] == 0
+    before = (run_dir / "results.json").stat().st_mtime_ns
+    rc, out, _ = cli(run_dir)
+    assert rc == 0 and "already finished" in out and str(run_dir / "results.json") in out
+    assert (run_dir / "results.json").stat().st_mtime_ns == before
+    rc, out, _ = cli(run_dir, "fresh=true")
+    assert rc == 0 and (tmp_path / "run-2" / "results.json").exists()
+    assert (run_dir / "results.json").stat().st_mtime_ns == before
+
+
+def test_same_seed_same_losses(tmp_path):
+    cfg = compose_cfg([*OVERRIDES, "trainer.steps=3"])
+    RUN(cfg, tmp_path / "a")
+    RUN(cfg, tmp_path / "b")
+    a, b = ((tmp_path / d / "metrics.jsonl").read_text().splitlines() for d in "ab")
+    strip = lambda rows: [{k: v for k, v in json.loads(r).items() if "time" not in k and  # noqa
+                           "tokens_per_s" not in k} for r in rows]
+    assert strip(a) == strip(b)
