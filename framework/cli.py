@@ -28,15 +28,20 @@ def check_experiment(name: str) -> None:
 
 
 def prepare_argv(argv: list[str]) -> None:
-    """Add `+exp=mini_moe` when no experiment is named; refuse an unknown one early."""
+    """Add `+exp=mini_moe` when no experiment is named; refuse an unknown one early.
+
+    Multirun sweeps (`-m`, `+sweep=...`) name their experiments themselves."""
     exps = [a.split("=", 1)[1] for a in argv[1:] if a.lstrip("+").startswith("exp=")]
+    sweep = any(a in ("-m", "--multirun") or a.lstrip("+").startswith("sweep=")
+                for a in argv[1:])
     try:
-        for name in exps:
+        for name in (n for value in exps for n in value.split(",")):
             check_experiment(name)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(1)
-    if not exps and not any(a in ("--help", "-h", "--hydra-help") for a in argv[1:]):
+    if not exps and not sweep and not any(a in ("--help", "-h", "--hydra-help")
+                                          for a in argv[1:]):
         argv.insert(1, f"+exp={DEFAULT_EXP}")
 
 

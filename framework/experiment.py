@@ -18,7 +18,7 @@ from framework.checkpoint import atomic_write_bytes
 from framework.config import ConfigError
 
 # Keys that do not change what is computed, so they do not change the run's identity.
-VOLATILE = ("logger", "mode", "fresh", "paper")
+VOLATILE = ("logger", "mode", "fresh", "paper", "sweep_name")
 VOLATILE_TRAINER = ("progress", "log_every", "device")
 
 

@@ -98,7 +98,8 @@ def run(cfg: dict[str, Any], run_dir: Path) -> dict[str, Any] | None:
         if not dist_info.is_main:
             return results
         write_results(run_dir, results)
-        logger.summary({f"{s}_{data.metric}": results[s][data.metric] for s in ("valid", "test")})
+        logger.summary({**{f"{s}_{data.metric}": results[s][data.metric]
+                           for s in ("valid", "test")}, "n_params": count})
         print(f"final valid {data.metric} {results['valid'][data.metric]:.4f} | "
               f"test {data.metric} {results['test'][data.metric]:.4f} | results: "
               f"{run_dir / 'results.json'}")

@@ -1,0 +1,240 @@
+"""Routing and sparsity figures of trained runs (paper Fig. 1 `counts_small` and App. Figs.
+`counts_big` / `counts_enwik8`, Figs. `moe_counts_example` / `moe_counts_all`, Fig.
+`coocurence`).
+
+    python scripts/analyze.py runs/wt103_small_dense                 # Fig. 1
+    python scripts/analyze.py runs/wt103_xl_moe runs/wt103_xl_switch --layer 5
+    python scripts/analyze.py runs/x/checkpoint_00100000.pt --split test --max-segments 50
+
+For each run (a run directory: its config.yaml and newest valid checkpoint; or one
+checkpoint file inside a run directory) the model and data are rebuilt exactly as the run
+built them, one evaluation pass with routing statistics runs (`LMTask.evaluate(...,
+stats=True)`, the numbers of models/ffn/base.py `RoutingStats.summary()`), and the figures
+are drawn, each as PNG and PDF, beside `analysis.json` with every number they show:
+
+* active_channels: non-zero hidden channels of u per layer, mean ± std over tokens
+  (dense and top-k models; paper Fig. 1).
+* expert_usage: share of the selection weight per expert, experts sorted by popularity,
+  one panel per layer, runs overlaid (paper Figs. moe_counts_*); with `--layer L` also
+  expert_usage_layer<L> for that layer alone.
+* cooccurrence_layer<L>: P(expert f chosen | expert e chosen) over tokens, row e, diagonal
+  masked (paper Fig. coocurence); every layer, or only `--layer L`.
+Layers are numbered from 1, as in the paper. Default `--max-segments`: the run's own
+task.final_segments (0 = the whole split, as the paper), so the numbers equal the routing
+statistics in its results.json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+
+def load_run(path: Path) -> tuple[Path, dict[str, Any], dict[str, Any]]:
+    """(run_dir, config, checkpoint state) of a run directory or of one checkpoint file."""
+    from omegaconf import OmegaConf
+
+    from framework.checkpoint import load_checkpoint, load_latest
+
+    run_dir = path.parent if path.is_file() else path
+    if not (run_dir / "config.yaml").exists():
+        raise SystemExit(f"error: {run_dir} has no config.yaml (not a run directory)")
+    cfg = OmegaConf.to_container(OmegaConf.load(run_dir / "config.yaml"), resolve=True)
+    state = load_checkpoint(path) if path.is_file() else load_latest(run_dir)
+    if state is None:
+        raise SystemExit(f"error: no valid checkpoint in {run_dir}; train the run first")
+    return run_dir, cfg, state
+
+
+def analyze(path: Path, split: str = "valid", max_segments: int | None = None,
+            device: str = "auto") -> dict[str, Any]:
+    """One evaluation pass with routing statistics; the numbers of every figure."""
+    import torch
+
+    from framework.config import from_dict
+    from framework.trainer import resolve_device
+    from models.transformer_xl import TransformerXL
+    from tasks.lm import LMTask, LMTaskConfig, build_model_config, load_data
+
+    run_dir, cfg, state = load_run(path)
+    task_cfg = from_dict(LMTaskConfig, cfg["task"], "task")
+    data = load_data(cfg)
+    model_cfg = build_model_config(cfg, data.vocab_size)
+    dev = resolve_device(device)
+    model = TransformerXL(model_cfg)
+    model.load_state_dict(state["model"])
+    model.to(dev)
+    task = LMTask(task_cfg, data, model, dev)
+    segments = task_cfg.final_segments if max_segments is None else max_segments
+    with torch.no_grad():
+        r = task.evaluate(split, task_cfg.eval_batch_size, task_cfg.eval_mem_segments,
+                          segments, stats=True)
+    return {"label": str(cfg.get("name", run_dir.name)), "run_dir": str(run_dir),
+            "step": int(state.get("step", 0)), "ffn": model_cfg.ffn_kind, "split": split,
+            "max_segments": segments, "tokens": r["tokens"], "metric": data.metric,
+            data.metric: r[data.metric], "layers": summarize_layers(r["routing"])}
+
+
+def summarize_layers(routing: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """RoutingStats summaries (one per layer) + the popularity order the figures use."""
+    layers = []
+    for i, summary in enumerate(routing):
+        layer = {"layer": i + 1, **summary}
+        if "expert_share" in summary:
+            share = np.asarray(summary["expert_share"], dtype=float)
+            order = np.argsort(-share, kind="stable")
+            layer["expert_order"] = order.tolist()
+            layer["expert_share_sorted"] = share[order].tolist()
+        layers.append(layer)
+    return layers
+
+
+# -- figures ----------------------------------------------------------------------------------
+def save(fig, out: Path, stem: str) -> list[Path]:
+    paths = [out / f"{stem}.png", out / f"{stem}.pdf"]
+    fig.tight_layout()
+    for p in paths:
+        fig.savefig(p, dpi=150)
+    plt.close(fig)
+    return paths
+
+
+def plot_active(runs: list[dict[str, Any]], out: Path) -> list[Path]:
+    runs = [r for r in runs if any("active_mean" in la for la in r["layers"])]
+    if not runs:
+        return []
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    width = 0.8 / len(runs)
+    for j, r in enumerate(runs):
+        layers = [la for la in r["layers"] if "active_mean" in la]
+        x = np.array([la["layer"] for la in layers]) + (j - (len(runs) - 1) / 2) * width
+        d_ff = int(layers[0]["width"])
+        ax.bar(x, [la["active_mean"] for la in layers], width,
+               yerr=[la["active_std"] for la in layers], capsize=3,
+               label=f"{r['label']} (of {d_ff})")
+    ax.set_xlabel("layer")
+    ax.set_ylabel("active channels in u")
+    ax.set_xticks(sorted({la["layer"] for r in runs for la in r["layers"]}))
+    ax.legend(fontsize=8)
+    return save(fig, out, "active_channels")
+
+
+def _usage_panel(ax, runs: list[dict[str, Any]], layer: int) -> None:
+    shown = [r for r in runs if "expert_share_sorted" in r["layers"][layer - 1]]
+    for r in shown:
+        share = np.asarray(r["layers"][layer - 1]["expert_share_sorted"])
+        ax.plot(np.arange(1, len(share) + 1), share, label=r["label"])
+    if shown:
+        ax.set_yscale("log")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_title(f"Layer {layer}", fontsize=9)
+
+
+def plot_usage(runs: list[dict[str, Any]], out: Path, layer: int | None = None) -> list[Path]:
+    runs = [r for r in runs if any("expert_share" in la for la in r["layers"])]
+    if not runs:
+        return []
+    n = max(len(r["layers"]) for r in runs)
+    cols = min(4, n)
+    rows = -(-n // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(3 * cols, 2.4 * rows), squeeze=False)
+    for i, ax in enumerate(axes.flat):
+        if i < n:
+            _usage_panel(ax, [r for r in runs if i < len(r["layers"])], i + 1)
+        else:
+            ax.axis("off")
+    axes[0, 0].legend(fontsize=7)
+    fig.supxlabel("expert (sorted by popularity)")
+    fig.supylabel("share of selection weight")
+    paths = save(fig, out, "expert_usage")
+    if layer is not None:
+        fig, ax = plt.subplots(figsize=(5, 3.5))
+        _usage_panel(ax, runs, layer)
+        ax.set_xlabel("expert (sorted by popularity)")
+        ax.set_ylabel("share of selection weight")
+        ax.legend(fontsize=8)
+        paths += save(fig, out, f"expert_usage_layer{layer}")
+    return paths
+
+
+def cooccurrence_image(cooc: list[list[float]]) -> np.ndarray:
+    """P(f | e) with the diagonal (always 1) masked."""
+    m = np.array(cooc, dtype=float)
+    np.fill_diagonal(m, np.nan)
+    return m
+
+
+def plot_cooccurrence(runs: list[dict[str, Any]], out: Path,
+                      layer: int | None = None) -> list[Path]:
+    paths: list[Path] = []
+    for r in runs:
+        suffix = "_" + re.sub(r"[^\w.#-]", "_", r["label"]) if len(runs) > 1 else ""
+        for la in r["layers"]:
+            if "cooccurrence" not in la or (layer is not None and la["layer"] != layer):
+                continue
+            fig, ax = plt.subplots(figsize=(4.5, 3.8))
+            im = ax.imshow(cooccurrence_image(la["cooccurrence"]), cmap="viridis")
+            fig.colorbar(im, ax=ax, label="P(column chosen | row chosen)")
+            ax.set_xlabel("expert")
+            ax.set_ylabel("expert")
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+            ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+            ax.set_title(f"{r['label']}: layer {la['layer']}", fontsize=9)
+            paths += save(fig, out, f"cooccurrence_layer{la['layer']}{suffix}")
+    return paths
+
+
+def write_figures(runs: list[dict[str, Any]], out: Path,
+                  layer: int | None = None) -> list[Path]:
+    """Every figure that applies to these runs, and analysis.json with their numbers."""
+    out.mkdir(parents=True, exist_ok=True)
+    paths = plot_active(runs, out) + plot_usage(runs, out, layer)
+    paths += plot_cooccurrence(runs, out, layer)
+    (out / "analysis.json").write_text(json.dumps({"runs": runs}, indent=1) + "\n")
+    return [*paths, out / "analysis.json"]
+
+
+def main(argv: list[str] | None = None) -> list[Path]:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("paths", type=Path, nargs="+", metavar="CHECKPOINT_OR_RUN_DIR")
+    ap.add_argument("--split", default="valid", choices=("train", "valid", "test"))
+    ap.add_argument("--out", type=Path, help="default: <first run dir>/analysis")
+    ap.add_argument("--max-segments", type=int,
+                    help="evaluate the first N segments (0 = whole split; default: the "
+                         "run's task.final_segments)")
+    ap.add_argument("--layer", type=int, help="co-occurrence (and one usage panel) of this "
+                                              "layer only, numbered from 1")
+    ap.add_argument("--device", default="auto")
+    args = ap.parse_args(argv)
+    runs = [analyze(p, args.split, args.max_segments, args.device) for p in args.paths]
+    n_layers = min(len(r["layers"]) for r in runs)
+    if args.layer is not None and not 1 <= args.layer <= n_layers:
+        ap.error(f"--layer {args.layer}: the runs have layers 1..{n_layers}")
+    labels = [r["label"] for r in runs]
+    for i, r in enumerate(runs):  # two seeds of one experiment: tell them apart
+        if labels.count(r["label"]) > 1:
+            r["label"] = f"{r['label']}#{i}"
+    out = args.out or Path(runs[0]["run_dir"]) / "analysis"
+    paths = write_figures(runs, out, args.layer)
+    for r in runs:
+        print(f"{r['label']}: {r['split']} {r['metric']} {r[r['metric']]:.4f} "
+              f"({r['tokens']} tokens, step {r['step']})")
+    print(f"wrote {len(paths)} files to {out}")
+    return paths
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,482 @@
+"""The paper's tables, regenerated from our runs (issue 7; paper Tabs. topk, pkm, moe,
+ablation_existing / ablation_detailed, new_results, flops_detailed).
+
+    python scripts/paper_tables.py                      # every table, Markdown
+    python scripts/paper_tables.py --table moe --format latex
+    python scripts/paper_tables.py --runs runs /scratch/runs --wandb ENTITY/PROJECT
+
+What each table holds comes from the experiment files alone: every `configs/exp/*.yaml`
+carries `paper: {params_m, entries: [{table, row, column, value}]}`. A run directory
+(anything under `--runs` holding a results.json) belongs to the experiment whose `name`
+it records; its seed is results["seed"]. Several seeds of one experiment are averaged:
+mean ± sample std (n - 1). Runs with overrides other than `trainer.seed` (read from the
+Hydra directory name `<name>/<overrides>`) are a different configuration and are left out
+(listed under the table) unless `--all-overrides`.
+
+Metric: test for WikiText-103 / Enwik8, validation for C4 and peS2o (the paper reports
+validation perplexity there). Each cell: ours [± std] (n seeds) / paper (Δ = ours - paper)
+· our parameter count. A missing run is `—`; the command producing it is listed below.
+The relative FLOPs table is computed from the experiment configs (scripts/flops_table.py).
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import re
+import statistics
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from scripts.flops_table import config_relative_flops, format_percent  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+SEED_KEYS = {"trainer.seed"}
+VALID_SPLIT_DATASETS = {"c4", "pes2o"}
+
+
+@dataclass(frozen=True)
+class Spec:
+    title: str
+    rows: tuple[str, ...] = ()  # the paper's order; labels not listed follow, as they appear
+    columns: tuple[str, ...] = ()
+
+
+WT_E8 = ("WT-S", "WT-S*", "WT-B", "E8")
+MOE = "σ-MoE (ours)"
+TABLES: dict[str, Spec] = {
+    "dense": Spec("Dense baselines (Tab. dense_hyper sizes; Tabs. topk, moe, Sec. 5.3)",
+                  ("47M", "238M", "262M", "41M"), ("WT-S", "WT-S*", "WT-B", "E8")),
+    "moe": Spec("Tab. moe: σ-MoE vs parameter-matched dense baselines",
+                ("Dense", "σ-MoE"),
+                ("E8", "WT-S", "WT-B", "C4-S", "C4-B", "peS2o-S", "peS2o-B")),
+    "ablation": Spec("Tabs. ablation_existing / ablation_detailed: MoE variants and ablations",
+                     (MOE, *(f"{MOE}, {v}" for v in (
+                         "standard dropout", "softmax (after top-k)", "softmax (before top-k)",
+                         "standard init", "no reg (γ=0,δ=0)", "K=8, G=64", "K=2, G=256",
+                         "K=1, G=512", "N_E' = 2N_E, G=64", "K=1", "K=2", "K=8")),
+                      "Switch, K=1, G=512", "Switch, K=1, G=512, no dropout", "Switch, K=4, G=128",
+                      "Switch, K=1, G=128", "Switch, K=1, G=128, no dropout",
+                      "S-BASE, K=4, G=128", "S-BASE, K=1, G=512"),
+                     WT_E8),
+    "pkm": Spec("Tabs. pkm / pkm_details: product-key memory",
+                ("Dense Baseline, ReLU", "PKM, value-count, Softmax", "PKM, value-count, ReLU",
+                 "PKM, # total params., Softmax", "PKM, # total params., ReLU",
+                 "PKM + init, # total params., ReLU"),
+                ("WT-S", "WT-B", "WT-M", "E8")),
+    "topk": Spec("Tab. topk: Top-K activation in the dense MLP",
+                 ("Dense", "K=64", "K=128", "K=256", "K=512"), ("E8", "WT-S", "WT-B")),
+    "c4_pes2o": Spec("Tab. new_results: C4 and peS2o (validation perplexity)",
+                     ("Dense", "σ-MoE", "Switch", "S-BASE"),
+                     ("C4-S", "C4-B", "peS2o-S", "peS2o-B")),
+}
+FLOPS = "flops"
+FLOPS_TITLE = "Tab. flops_detailed: relative FLOPs and memory of the feedforward block"
+ALL_TABLES = (*TABLES, FLOPS)
+
+
+def norm(label: str) -> str:
+    """Match labels however they are spelled ($\\sigma$-MoE, σ-MoE, sigma-moe, spaces)."""
+    s = label.lower().replace("$\\sigma$", "σ").replace("\\sigma", "σ").replace("sigma", "σ")
+    return re.sub(r"[\s${}\\_]", "", s)
+
+
+# -- experiments ------------------------------------------------------------------------------
+@dataclass
+class Experiment:
+    stem: str  # file name: `+exp=<stem>`
+    name: str  # the `name:` a run records in results.json
+    params_m: float | None
+    entries: list[dict[str, Any]]
+    cfg: dict[str, Any]
+
+    @property
+    def split(self) -> str:
+        return "valid" if (self.cfg.get("dataset") or {}).get("kind") in VALID_SPLIT_DATASETS \
+            else "test"
+
+
+def _defaults(raw: Any) -> dict[str, str]:
+    """Group -> option of a defaults list (`- override /ffn: dense`, `- ffn: dense`)."""
+    out = {}
+    for item in raw or []:
+        if isinstance(item, dict):
+            for key, opt in item.items():
+                group = str(key).split()[-1].lstrip("/")
+                if "/" not in group and opt is not None:
+                    out[group] = str(opt)
+    return out
+
+
+@functools.cache
+def _load_yaml(path: Path) -> Any:
+    return OmegaConf.to_container(OmegaConf.load(path))
+
+
+def compose_exp(path: Path, configs: Path) -> dict[str, Any]:
+    """configs/config.yaml defaults + the exp's group overrides + its body (like Hydra,
+    without Hydra: enough for the values the tables read)."""
+    base = _load_yaml(configs / "config.yaml") if (configs / "config.yaml").exists() else {}
+    exp = OmegaConf.to_container(OmegaConf.load(path))
+    groups = {**_defaults(base.get("defaults")), **_defaults(exp.get("defaults"))}
+    parts: list[Any] = [{k: v for k, v in base.items() if k not in ("defaults", "hydra")}]
+    for group, opt in groups.items():
+        if (configs / group / f"{opt}.yaml").exists():
+            parts.append({group: _load_yaml(configs / group / f"{opt}.yaml")})
+    parts.append({k: v for k, v in exp.items() if k != "defaults"})
+    merged = OmegaConf.merge(*parts)
+    try:
+        return OmegaConf.to_container(merged, resolve=True)
+    except Exception:  # an interpolation we cannot resolve outside Hydra: keep it as text
+        return OmegaConf.to_container(merged, resolve=False)
+
+
+def load_experiments(exp_dir: Path) -> dict[str, Experiment]:
+    configs = exp_dir.parent if (exp_dir.parent / "config.yaml").exists() else ROOT / "configs"
+    exps = {}
+    for path in sorted(exp_dir.glob("*.yaml")):
+        cfg = compose_exp(path, configs)
+        paper = cfg.get("paper") or {}
+        exps[path.stem] = Experiment(path.stem, str(cfg.get("name") or path.stem),
+                                     paper.get("params_m"), list(paper.get("entries") or []), cfg)
+    return exps
+
+
+# -- runs -------------------------------------------------------------------------------------
+@dataclass
+class Run:
+    name: str
+    seed: int | None
+    metric: str
+    valid: dict[str, float]
+    test: dict[str, float]
+    n_params: int | None
+    source: str
+    mtime: float = 0.0
+
+
+def run_overrides(run_dir: Path, name: str) -> str | None:
+    """The overrides of `.../<name>/<overrides>` ('' for `.../<name>`), None if the
+    directory was chosen by hand. A `fresh=true` sibling (`-2`, `-3`) has the same ones."""
+    pat = re.compile(rf"^{re.escape(name)}(-\d+)?$")
+    if pat.match(run_dir.name):
+        return ""
+    if pat.match(run_dir.parent.name):
+        return re.sub(r"-\d+$", "", run_dir.name)
+    return None
+
+
+def other_overrides(overrides: str | None) -> list[str]:
+    items = re.split(r",(?=[\w.+~/@-]+=)", overrides) if overrides else []
+    return [it for it in items if it.split("=", 1)[0].lstrip("+~") not in SEED_KEYS]
+
+
+def find_runs(roots: list[Path], all_overrides: bool = False) -> tuple[list[Run], list[str]]:
+    """Every finished run under `roots`; also the ones left out, with why."""
+    runs, skipped = [], []
+    for root in roots:
+        for path in sorted(root.rglob("results.json")) if root.is_dir() else []:
+            try:
+                res = json.loads(path.read_text())
+                metric = res["metric"]
+                valid, test = res["valid"], res["test"]
+            except (OSError, ValueError, KeyError, TypeError):
+                skipped.append(f"{path}: unreadable results.json")
+                continue
+            name = str(res.get("name"))
+            extra = other_overrides(run_overrides(path.parent, name))
+            if extra and not all_overrides:
+                skipped.append(f"{path.parent}: {name} with overrides {','.join(extra)}")
+                continue
+            runs.append(Run(name, res.get("seed"), metric, valid, test, res.get("n_params"),
+                            str(path.parent), path.stat().st_mtime))
+    return runs, skipped
+
+
+def wandb_runs(project: str) -> list[Run]:
+    """Finished runs of a wandb project: config `name` / `trainer.seed`, summary
+    `valid_<metric>` / `test_<metric>` (written by tasks/lm_run.py)."""
+    import wandb
+
+    out = []
+    for r in wandb.Api().runs(project):
+        cfg, summary = dict(r.config), r.summary
+        for metric in ("ppl", "bpc"):
+            valid, test = summary.get(f"valid_{metric}"), summary.get(f"test_{metric}")
+            if valid is not None and test is not None and cfg.get("name"):
+                seed = (cfg.get("trainer") or {}).get("seed")
+                out.append(Run(str(cfg["name"]), seed, metric, {metric: float(valid)},
+                               {metric: float(test)}, summary.get("n_params"),
+                               f"wandb:{project}/{r.id}"))
+                break
+    return out
+
+
+def by_experiment(runs: list[Run]) -> dict[str, list[Run]]:
+    """name -> one run per seed (the newest when a seed ran twice), local before wandb."""
+    best: dict[tuple[str, Any], Run] = {}
+    for run in runs:
+        key = (run.name, run.seed)
+        if key not in best or run.mtime > best[key].mtime:
+            best[key] = run
+    out: dict[str, list[Run]] = {}
+    for (name, _), run in sorted(best.items(), key=lambda kv: (kv[0][0], str(kv[0][1]))):
+        out.setdefault(name, []).append(run)
+    return out
+
+
+# -- tables -----------------------------------------------------------------------------------
+@dataclass
+class Cell:
+    exp: Experiment | None
+    ours: list[float] = field(default_factory=list)
+    paper: float | None = None
+    n_params: float | None = None
+    flops: float | None = None
+    metric: str = ""
+
+    @property
+    def mean_std(self) -> tuple[float, float | None]:
+        return mean_std(self.ours)
+
+
+@dataclass
+class Table:
+    name: str
+    title: str
+    columns: list[str]
+    rows: list[tuple[str, list[str], list[Cell | str]]]  # label, lead values, cells
+    lead: list[str] = field(default_factory=list)  # lead column names (e.g. G, K)
+    header_rows: list[tuple[str, list[str]]] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)  # commands producing missing runs
+    notes: list[str] = field(default_factory=list)
+
+
+def mean_std(values: list[float]) -> tuple[float, float | None]:
+    """Mean and sample standard deviation (n - 1); no std for a single seed."""
+    if not values:
+        raise ValueError("mean_std of no values")
+    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else None
+
+
+def ordered(labels: list[str], preferred: tuple[str, ...]) -> list[str]:
+    pref = [norm(p) for p in preferred]
+    rank = {lab: (pref.index(norm(lab)) if norm(lab) in pref else len(pref) + i)
+            for i, lab in enumerate(labels)}
+    return sorted(labels, key=rank.__getitem__)
+
+
+def _layout(table: str, exps: dict[str, Experiment]):
+    """(row, column) -> (exp, entry) of one table, rows and columns in the paper's order."""
+    spec = TABLES.get(table, Spec(table))
+    grid: dict[tuple[str, str], tuple[Experiment, dict[str, Any]]] = {}
+    rows: list[str] = []
+    cols: list[str] = []
+    for exp in exps.values():
+        for entry in exp.entries:
+            if entry.get("table") != table:
+                continue
+            row, col = str(entry.get("row")), str(entry.get("column"))
+            rows += [row] if row not in rows else []
+            cols += [col] if col not in cols else []
+            grid.setdefault((row, col), (exp, entry))
+    return ordered(rows, spec.rows), ordered(cols, spec.columns), grid
+
+
+def build_table(table: str, exps: dict[str, Experiment], runs: dict[str, list[Run]],
+                skipped: list[str] = ()) -> Table:
+    rows, cols, grid = _layout(table, exps)
+    out = Table(table, TABLES[table].title, cols, [])
+    for row in rows:
+        cells: list[Cell | str] = []
+        for col in cols:
+            if (row, col) not in grid:
+                cells.append("")
+                continue
+            exp, entry = grid[(row, col)]
+            cell = Cell(exp, paper=entry.get("value"))
+            if table == "moe":
+                cell.flops = config_relative_flops(exp.cfg)
+            found = runs.get(exp.name, [])
+            if found:
+                cell.metric = found[0].metric
+                split = exp.split
+                cell.ours = [getattr(r, split)[r.metric] for r in found]
+                counts = [r.n_params for r in found if r.n_params]
+                cell.n_params = statistics.fmean(counts) if counts else None
+            else:
+                cmd = f"python run.py +exp={exp.stem}"
+                out.missing += [cmd] if cmd not in out.missing else []
+            cells.append(cell)
+        out.rows.append((row, [], cells))
+    names = {grid[k][0].name for k in grid}
+    out.notes = [s for s in skipped if any(f": {n} with" in s for n in names)]
+    return out
+
+
+def build_flops_table(exps: dict[str, Experiment], include_selector: bool = False) -> Table:
+    """Tab. flops_detailed: the configurations of the ablation table (else of Tab. moe)."""
+    source = "ablation" if any(e.get("table") == "ablation" for x in exps.values()
+                               for e in x.entries) else "moe"
+    rows, cols, grid = _layout(source, exps)
+    out = Table(FLOPS, FLOPS_TITLE + ("" if not include_selector else " (selector included)"),
+                cols, [], lead=["G", "K"])
+    first_in_col = {c: next((grid[(r, c)][0] for r in rows if (r, c) in grid), None)
+                    for c in cols}
+    out.header_rows = [
+        ("d_model", [str((e.cfg.get("model") or {}).get("d_model", "—")) if e else "—"
+                     for e in first_in_col.values()]),
+        ("# params (paper)", [f"{e.params_m}M" if e and e.params_m else "—"
+                              for e in first_in_col.values()]),
+    ]
+    for row in rows:
+        here = [grid[(row, c)][0] if (row, c) in grid else None for c in cols]
+        ffn = next((e.cfg.get("ffn") or {} for e in here if e), {})
+        lead = [str(ffn.get("expert_size", "—")), str(ffn.get("k", "—"))]
+        if ffn.get("kind") in ("dense", "topk"):
+            lead = ["—", "—"]
+        cells: list[Cell | str] = [
+            format_percent(config_relative_flops(e.cfg, include_selector)) if e else "-"
+            for e in here]
+        out.rows.append((row, lead, cells))
+    return out
+
+
+# -- rendering --------------------------------------------------------------------------------
+def _num(x: float, metric: str, sign: bool = False) -> str:
+    return f"{x:{'+' if sign else ''}.{3 if metric == 'bpc' else 2}f}"
+
+
+def cell_text(cell: Cell | str, latex: bool = False) -> str:
+    if isinstance(cell, str):
+        return latex_escape(cell) if latex else cell
+    paper = "n/a" if cell.paper is None else f"{cell.paper:.2f}"  # as printed in the paper
+    pm = "$\\pm$" if latex else " ± "
+    if not cell.ours:
+        ours = "---" if latex else "—"
+        params = f"{cell.exp.params_m}M" if cell.exp and cell.exp.params_m else ""
+    else:
+        mean, std = cell.mean_std
+        ours = _num(mean, cell.metric) + ("" if std is None else pm + _num(std, cell.metric))
+        ours += f" (n={len(cell.ours)})" if len(cell.ours) > 1 else ""
+        if cell.paper is not None:
+            paper += f" (Δ {_num(mean - cell.paper, cell.metric, sign=True)})"
+        params = f"{cell.n_params / 1e6:.3g}M" if cell.n_params else ""
+    text = f"{ours} / {paper}" + (f" · {params}" if params else "")
+    if cell.flops is not None:
+        text += f" · {format_percent(cell.flops)} FLOPs"
+    if latex:
+        text = text.replace("%", "\\%").replace("Δ", "$\\Delta$").replace("·", "$\\cdot$")
+    return text
+
+
+def latex_escape(s: str) -> str:
+    if "$" in s or "\\" in s:  # already LaTeX (e.g. a label written as $\sigma$-MoE)
+        return s
+    for ch in "&%#_{}":
+        s = s.replace(ch, "\\" + ch)
+    return (s.replace("σ", "$\\sigma$").replace("γ", "$\\gamma$").replace("δ", "$\\delta$")
+            .replace("—", "---"))
+
+
+LEGEND = ("Each cell: ours ± sample std over seeds (n seeds) / paper (Δ = ours − paper) · our "
+          "parameter count. Metric: test bpc/ppl for WikiText-103 and Enwik8, validation ppl "
+          "for C4 and peS2o. `—`: not run yet.")
+
+
+def multirun(commands: list[str]) -> str:
+    names = ",".join(c.split("+exp=", 1)[1] for c in commands)
+    return f"python run.py --multirun +exp={names}"
+
+
+def render_markdown(t: Table) -> str:
+    head = ["", *t.lead, *t.columns]
+    lines = [f"### {t.title}", "", "| " + " | ".join(head) + " |",
+             "|" + "|".join([":--", *["--:"] * (len(head) - 1)]) + "|"]
+    for label, values in t.header_rows:
+        lines.append("| " + " | ".join([label, *[""] * len(t.lead), *values]) + " |")
+    for label, lead, cells in t.rows:
+        lines.append("| " + " | ".join([label, *lead, *map(cell_text, cells)]) + " |")
+    if t.name != FLOPS:
+        lines += ["", LEGEND]
+    if t.missing:
+        lines += ["", "Missing runs:", *[f"- `{cmd}`" for cmd in t.missing]]
+        if len(t.missing) > 1:
+            lines.append(f"- all of them: `{multirun(t.missing)}`")
+    if t.notes:
+        lines += ["", "Not counted (other overrides; `--all-overrides` counts them):",
+                  *[f"- {n}" for n in t.notes]]
+    return "\n".join(lines) + "\n"
+
+
+def render_latex(t: Table) -> str:
+    head = ["", *t.lead, *t.columns]
+    lines = ["\\begin{table*}[h]", "\\centering", "\\small",
+             f"\\caption{{{latex_escape(t.title)}}}", f"\\label{{tab:ours_{t.name}}}",
+             "\\begin{tabular}{l" + "r" * (len(head) - 1) + "}", "\\toprule",
+             " & ".join(map(latex_escape, head)) + " \\\\"]
+    for label, values in t.header_rows:
+        lines.append(" & ".join(map(latex_escape, [label, *[""] * len(t.lead), *values]))
+                     + " \\\\")
+    lines.append("\\midrule")
+    for label, lead, cells in t.rows:
+        lines.append(" & ".join([latex_escape(label), *map(latex_escape, lead),
+                                 *(cell_text(c, latex=True) for c in cells)]) + " \\\\")
+    lines += ["\\bottomrule", "\\end{tabular}", "\\end{table*}"]
+    lines += [f"% missing: {cmd}" for cmd in t.missing]
+    lines += [f"% all of them: {multirun(t.missing)}"] if len(t.missing) > 1 else []
+    lines += [f"% not counted: {n}" for n in t.notes]
+    return "\n".join(lines) + "\n"
+
+
+def build_all(exps: dict[str, Experiment], runs: list[Run], skipped: list[str] = (),
+              only: str | None = None, include_selector: bool = False) -> list[Table]:
+    grouped = by_experiment(runs)
+    out = []
+    for name in [only] if only else ALL_TABLES:
+        if name == FLOPS:
+            out.append(build_flops_table(exps, include_selector))
+        else:
+            out.append(build_table(name, exps, grouped, skipped))
+    return [t for t in out if t.rows or only]
+
+
+def main(argv: list[str] | None = None) -> str:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--exp-dir", type=Path, default=ROOT / "configs" / "exp")
+    ap.add_argument("--runs", type=Path, nargs="+", default=[Path("runs")],
+                    help="root directories searched recursively for results.json")
+    ap.add_argument("--wandb", metavar="ENTITY/PROJECT", help="also read finished wandb runs")
+    ap.add_argument("--table", choices=ALL_TABLES, help="print only this table")
+    ap.add_argument("--format", choices=("markdown", "latex"), default="markdown")
+    ap.add_argument("--all-overrides", action="store_true",
+                    help="count runs with overrides besides trainer.seed too")
+    ap.add_argument("--flops-selector", action="store_true",
+                    help="count the selector N_E*d_model in the FLOPs table (the paper does not)")
+    args = ap.parse_args(argv)
+    if not args.exp_dir.is_dir():
+        ap.error(f"--exp-dir {args.exp_dir} is not a directory")
+    exps = load_experiments(args.exp_dir)
+    runs, skipped = find_runs(args.runs, args.all_overrides)
+    for s in skipped:
+        if "unreadable" in s:
+            print(f"warning: {s}", file=sys.stderr)
+    if args.wandb:
+        local = {(r.name, r.seed) for r in runs}
+        runs += [r for r in wandb_runs(args.wandb) if (r.name, r.seed) not in local]
+    tables = build_all(exps, runs, skipped, args.table, args.flops_selector)
+    render = render_latex if args.format == "latex" else render_markdown
+    text = "\n".join(render(t) for t in tables) if tables else "no table entries in " \
+        f"{args.exp_dir} (exp files need paper.entries)\n"
+    print(text, end="")
+    return text
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,124 @@
+"""Kernel benchmark figures (paper Figs. `benchmark_es128`, `benchmark_32exp`, `benchmark`,
+`benchmark_es`, `benchmark_dmodel`; App. "More on Resource Efficiency").
+
+    python scripts/bench_moe.py                     # writes benchmarks/moe_<device>.json
+    python scripts/plot_bench.py benchmarks/moe_cuda.json [--out DIR]
+
+Time and memory of a forward-backward pass of one MLP / MoE layer against d_model, N_E or
+G: full lines are time (left axis, ms), dashed lines memory (right axis, MB), one colour per
+variant (the dense MLP and each MoE backend), as in the paper. One figure per sweep, PNG and
+PDF: `bench_<sweep>.{png,pdf}` (default: beside the JSON file).
+
+Input, either of:
+* the JSON of scripts/bench_moe.py: `{"device", "dtype", "sweeps": {sweep: [{"d_model",
+  "n_experts", "expert_size", "d_ff", "tokens", "k", "results": {variant: {"ms",
+  "peak_mb" (None on CPU), "saved_mb", ...}}}]}}`; memory is the GPU peak, or on a CPU the
+  activations saved for the backward;
+* a flat list of records, `{"meta": {...}, "results": [{"sweep", "x", "variant", "ms",
+  "peak_mb"}, ...]}` (or the bare list); other keys are ignored.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+# bench_moe.py's sweeps -> (x key, the paper's figure)
+SWEEPS = {
+    "dmodel_g128": ("d_model", "Fig. benchmark_es128: G=128, d_ff=4 d_model, N_E=d_ff/G"),
+    "dmodel_ne32": ("d_model", "Fig. benchmark_32exp: N_E=32, d_ff=4 d_model, G=d_ff/N_E"),
+    "n_experts": ("n_experts", "Fig. benchmark: d_model=512, G=128, d_ff=G N_E"),
+    "expert_size": ("expert_size", "Fig. benchmark_es: d_model=512, N_E=32, d_ff=G N_E"),
+    "dmodel_f4096": ("d_model", "Fig. benchmark_dmodel: N_E=32, G=128, d_ff=4096"),
+}
+AXIS = {"d_model": "$d_{model}$", "n_experts": "$N_E$", "expert_size": "$G$ (expert size)"}
+Series = dict[str, dict[str, tuple[list[float], list[float], list[float]]]]
+
+
+def records_of(data: Any) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """(meta, flat records) of either input format."""
+    if isinstance(data, dict) and isinstance(data.get("sweeps"), dict):  # bench_moe.py
+        meta = {k: data[k] for k in ("device", "dtype") if k in data}
+        records = []
+        for sweep, cases in data["sweeps"].items():
+            xkey = SWEEPS.get(sweep, ("d_model",))[0]
+            for case in cases:
+                for variant, r in case["results"].items():
+                    on_cpu = r.get("peak_mb") is None
+                    records.append({"sweep": sweep, "x": case[xkey], "variant": variant,
+                                    "ms": r["ms"], "mem_kind": "saved" if on_cpu else "peak",
+                                    "peak_mb": r["saved_mb"] if on_cpu else r["peak_mb"]})
+                meta.update(tokens=case.get("tokens"), k=case.get("k"))
+        return meta, records
+    records = data if isinstance(data, list) else (data or {}).get("results")
+    if not isinstance(records, list):
+        raise SystemExit("error: expected bench_moe.py's JSON ('sweeps') or a list of "
+                         "records under 'results'")
+    need = {"sweep", "x", "variant", "ms", "peak_mb"}
+    for i, rec in enumerate(records):
+        if not need <= set(rec):
+            raise SystemExit(f"error: record {i} lacks {sorted(need - set(rec))}")
+    return ({} if isinstance(data, list) else data.get("meta") or {}), records
+
+
+def series(records: list[dict[str, Any]]) -> Series:
+    """sweep -> variant -> (x, ms, MB), sorted by x."""
+    out: dict[str, dict[str, list[tuple[float, float, float]]]] = {}
+    for rec in records:
+        out.setdefault(str(rec["sweep"]), {}).setdefault(str(rec["variant"]), []).append(
+            (float(rec["x"]), float(rec["ms"]), float(rec["peak_mb"])))
+    return {sweep: {v: tuple(map(list, zip(*sorted(pts)))) for v, pts in variants.items()}
+            for sweep, variants in out.items()}
+
+
+def plot(sweep: str, variants, meta: dict[str, Any], out: Path, mem: str = "peak") -> list[Path]:
+    xkey, caption = SWEEPS.get(sweep, (sweep, sweep))
+    fig, ax_t = plt.subplots(figsize=(5.5, 3.8))
+    ax_m = ax_t.twinx()
+    for i, (variant, (x, ms, mb)) in enumerate(variants.items()):
+        ax_t.plot(x, ms, "-o", color=f"C{i}", markersize=3, label=variant)
+        ax_m.plot(x, mb, "--", color=f"C{i}")
+    ax_t.set_xlabel(AXIS.get(xkey, xkey))
+    ax_t.set_ylabel("time (ms), full lines")
+    ax_m.set_ylabel(("saved activations" if mem == "saved" else "peak memory")
+                    + " (MB), dashed lines")
+    ax_t.set_ylim(bottom=0)
+    ax_m.set_ylim(bottom=0)
+    ax_t.legend(fontsize=8, loc="best")
+    info = ", ".join(f"{k}={v}" for k, v in meta.items()
+                     if v is not None and isinstance(v, (str, int, float)))
+    ax_t.set_title("\n".join(filter(None, [caption, info])), fontsize=8)
+    fig.tight_layout()
+    stem = "bench_" + re.sub(r"[^\w.=+-]", "_", sweep)
+    paths = [out / f"{stem}.png", out / f"{stem}.pdf"]
+    for p in paths:
+        fig.savefig(p, dpi=150)
+    plt.close(fig)
+    return paths
+
+
+def main(argv: list[str] | None = None) -> list[Path]:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("bench_json", type=Path)
+    ap.add_argument("--out", type=Path, help="default: the JSON file's directory")
+    args = ap.parse_args(argv)
+    meta, records = records_of(json.loads(args.bench_json.read_text()))
+    mem = {str(r["sweep"]): r.get("mem_kind", "peak") for r in records}
+    out = args.out or args.bench_json.parent
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [p for sweep, variants in series(records).items()
+             for p in plot(sweep, variants, meta, out, mem[sweep])]
+    print(f"wrote {len(paths)} files to {out}")
+    return paths
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,122 @@
+"""Routing / sparsity analysis of trained runs and its figures (issue 7; paper Fig. 1,
+Figs. moe_counts_*, Fig. coocurence)."""
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+from framework.checkpoint import load_latest, save_checkpoint
+from models.ffn.base import RoutingStats
+from scripts import analyze
+from tasks import TASKS
+from tests.helpers import TINY, TINY_MOE, compose_cfg
+
+FAST = [o for o in TINY if not o.startswith("task.final_segments")]
+COMMON = [*FAST, "trainer.steps=3", "task.final_segments=2", "trainer.val_every=1000"]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("analyze")
+    run = TASKS.get("lm")
+    run(compose_cfg([*COMMON, *TINY_MOE, "name=tiny_moe"]), root / "moe")
+    run(compose_cfg([*COMMON, "ffn.d_ff=64", "name=tiny_dense"], "mini_dense"), root / "dense")
+    return root
+
+
+def files(paths):
+    return sorted(p.name for p in paths)
+
+
+def test_active_channels_of_a_hand_built_dense_layer(runs, tmp_path):
+    """W1 = 0 and a bias with m positive entries: u = relu(b) has exactly m active channels
+    for every token, so the mean is m and the std 0 (layer 1: m=5, layer 2: m=12)."""
+    run_dir = tmp_path / "dense"
+    shutil.copytree(runs / "dense", run_dir)
+    state = load_latest(run_dir)
+    for layer, m in enumerate((5, 12)):
+        state["model"][f"blocks.{layer}.ffn.w1.weight"].zero_()
+        state["model"][f"blocks.{layer}.ffn.w1.bias"].copy_(
+            torch.tensor([1.0] * m + [-1.0] * (64 - m)))
+    save_checkpoint(run_dir, state["step"] + 1, state)
+    out = tmp_path / "fig"
+    paths = analyze.main([str(run_dir), "--out", str(out)])
+    assert files(paths) == ["active_channels.pdf", "active_channels.png", "analysis.json"]
+    [res] = json.loads((out / "analysis.json").read_text())["runs"]
+    assert res["step"] == state["step"] and res["ffn"] == "dense"
+    assert [la["active_mean"] for la in res["layers"]] == [5.0, 12.0]
+    assert [la["active_std"] for la in res["layers"]] == [0.0, 0.0]
+    assert [la["width"] for la in res["layers"]] == [64.0, 64.0]
+    assert res["tokens"] == 2 * 2 * 32  # 2 segments of eval_batch_size 2 x context 32
+
+
+def test_moe_analysis_matches_the_runs_own_statistics(runs, tmp_path):
+    """Default --max-segments is the run's final_segments: the same pass as results.json."""
+    out = tmp_path / "fig"
+    paths = analyze.main([str(runs / "moe"), "--out", str(out)])
+    assert files(paths) == sorted(
+        ["analysis.json"] + [f"{stem}.{ext}" for ext in ("png", "pdf") for stem in
+                             ("expert_usage", "cooccurrence_layer1", "cooccurrence_layer2")])
+    assert all(p.stat().st_size > 1000 for p in paths)
+    [res] = json.loads((out / "analysis.json").read_text())["runs"]
+    ref = json.loads((runs / "moe" / "results.json").read_text())
+    assert res["bpc"] == pytest.approx(ref["valid"]["bpc"], abs=1e-6)
+    for la, want in zip(res["layers"], ref["valid_routing"], strict=True):
+        np.testing.assert_allclose(la["expert_share"], want["expert_share"], atol=1e-9)
+        np.testing.assert_allclose(la["cooccurrence"], want["cooccurrence"], atol=1e-9)
+        assert la["expert_share_sorted"] == sorted(la["expert_share"], reverse=True)
+        assert la["usage_entropy"] == pytest.approx(want["usage_entropy"])
+    # one chosen layer; a checkpoint file instead of the run directory; the test split
+    ckpt = sorted((runs / "moe").glob("checkpoint_*.pt"))[-1]
+    paths = analyze.main([str(ckpt), "--out", str(tmp_path / "l2"), "--layer", "2",
+                          "--split", "test", "--max-segments", "1"])
+    assert "cooccurrence_layer2.png" in files(paths)
+    assert "cooccurrence_layer1.png" not in files(paths)
+    assert "expert_usage_layer2.pdf" in files(paths)
+    [res] = json.loads((tmp_path / "l2" / "analysis.json").read_text())["runs"]
+    assert res["split"] == "test" and res["tokens"] == 2 * 32
+    with pytest.raises(SystemExit):
+        analyze.main([str(runs / "moe"), "--out", str(tmp_path / "x"), "--layer", "3"])
+
+
+def test_hand_built_routing(tmp_path):
+    """Expert shares, popularity order and co-occurrence of a known routing, computed by
+    RoutingStats and drawn, against a direct count."""
+    expert_TK = torch.tensor([[0, 1], [0, 2], [3, 0], [1, 2], [0, 1], [2, 3]])
+    gate_TK = torch.tensor([[0.9, 0.1], [0.5, 0.4], [0.2, 0.8], [0.3, 0.3], [0.6, 0.6],
+                            [0.7, 0.05]])
+    stats = RoutingStats()
+    stats.enabled = True
+    stats.record_moe(expert_TK, gate_TK, n_experts=4)
+    dense = RoutingStats()
+    dense.enabled = True
+    dense.record_active(torch.tensor([[0.0, 1.0, 2.0], [3.0, 0.0, 0.0]]))
+    layers = analyze.summarize_layers([stats.summary(), dense.summary()])
+    run = {"label": "hand", "layers": layers}
+    paths = analyze.write_figures([run], tmp_path, layer=1)
+    assert files(paths) == sorted(
+        ["analysis.json"] + [f"{stem}.{ext}" for ext in ("png", "pdf") for stem in
+                             ("active_channels", "expert_usage", "expert_usage_layer1",
+                              "cooccurrence_layer1")])
+    saved = json.loads((tmp_path / "analysis.json").read_text())["runs"][0]["layers"]
+    # direct computation
+    weight = np.zeros(4)
+    both = np.zeros((4, 4))
+    for experts, gates in zip(expert_TK.tolist(), gate_TK.tolist()):
+        for e, g in zip(experts, gates):
+            weight[e] += g
+        for e in experts:
+            for f in experts:
+                both[e, f] += 1
+    share = weight / weight.sum()
+    np.testing.assert_allclose(saved[0]["expert_share"], share)
+    assert saved[0]["expert_order"] == [0, 2, 1, 3] == np.argsort(-weight).tolist()
+    np.testing.assert_allclose(saved[0]["expert_share_sorted"], np.sort(share)[::-1])
+    cond = both / np.diag(both)[:, None]  # P(f chosen | e chosen)
+    np.testing.assert_allclose(saved[0]["cooccurrence"], cond)
+    img = analyze.cooccurrence_image(saved[0]["cooccurrence"])
+    assert np.isnan(np.diag(img)).all() and img[0, 1] == pytest.approx(2 / 4)
+    assert saved[0]["dead_fraction"] == 0.0
+    assert saved[1]["active_mean"] == 1.5 and saved[1]["active_std"] == 0.5  # counts 2 and 1

@@ -1,0 +1,264 @@
+"""The paper's tables from run directories, the FLOPs table, the benchmark figures (issue 7)."""
+import json
+import shutil
+import statistics
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+from models.ffn.dense import DenseConfig
+from models.ffn.experts import ExpertsConfig
+from models.flops import ffn_flops, relative_ffn_flops
+from scripts import paper_tables, plot_bench
+from scripts.flops_table import config_relative_flops
+from tasks import TASKS
+from tests.helpers import TINY, compose_cfg
+
+ROOT = Path(__file__).resolve().parent.parent
+FAST = [o for o in TINY if not o.startswith("task.final_segments")]
+
+# Paper Tab. flops_detailed: (G, K) of each row -> % per column ("-": not run). (G, K) fixes
+# the value, as every row keeps N_E * G of its column (the "N_E' = 2 N_E, G=64" row too).
+PAPER_FLOPS = {
+    (128, 4): ("25.0%", "3.1%", "12.5%", "25.0%"),
+    (64, 8): ("25.0%", "3.1%", "12.5%", "25.0%"),
+    (256, 2): ("25.0%", "3.1%", "12.5%", "25.0%"),
+    (512, 1): ("25.0%", "3.1%", "12.5%", "25.0%"),
+    (64, 4): ("12.5%", "1.6%", "-", "12.5%"),
+    (128, 1): ("6.2%", "0.8%", "-", "6.2%"),
+    (128, 2): ("12.5%", "1.6%", "-", "12.5%"),
+    (128, 8): ("50.0%", "6.2%", "-", "50.0%"),
+}
+# column -> (d_model, N_E * G of its parameter-matched sigma-MoE) (paper Tab. moe_hyper)
+PAPER_COLUMNS = {"WT-S": (412, 2048), "WT-S*": (412, 16384), "WT-B": (1024, 4096),
+                 "E8": (512, 2048)}
+
+
+def write_exp(exp_dir: Path, stem: str, ffn: str, ffn_cfg: dict, entries: list[dict],
+              dataset: str = "enwik_mini", params_m=None, model: dict | None = None) -> None:
+    exp_dir.mkdir(parents=True, exist_ok=True)
+    body = {"defaults": [{"override /dataset": dataset}, {"override /ffn": ffn}],
+            "name": stem, "ffn": ffn_cfg, "paper": {"params_m": params_m, "entries": entries}}
+    if model:
+        body["model"] = model
+    (exp_dir / f"{stem}.yaml").write_text("# @package _global_\n" + json.dumps(body))
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """Two seeds of a tiny dense run, trained for 3 steps, in Hydra's directory layout."""
+    root = tmp_path_factory.mktemp("tables")
+    runs = root / "runs"
+    for seed, sub in ((0, "tiny_dense"), (1, "tiny_dense/trainer.seed=1")):
+        cfg = compose_cfg([*FAST, "ffn.d_ff=64", "trainer.steps=3", "task.final_segments=2",
+                           "trainer.val_every=1000", "name=tiny_dense", f"trainer.seed={seed}"],
+                          "mini_dense")
+        TASKS.get("lm")(cfg, runs / sub)
+    exps = root / "exp"
+    write_exp(exps, "tiny_dense", "dense", {"d_ff": 64}, params_m=0.05, entries=[
+        {"table": "moe", "row": "Dense", "column": "Mini", "value": 3.0},
+        {"table": "dense", "row": "Dense", "column": "Mini", "value": 3.0}])
+    write_exp(exps, "tiny_moe", "sigma_moe", {"n_experts": 4, "expert_size": 16, "k": 1},
+              params_m=0.05, entries=[
+                  {"table": "moe", "row": "σ-MoE", "column": "Mini", "value": 2.9},
+                  {"table": "moe", "row": "σ-MoE", "column": "Mini-B", "value": None}])
+    results = [json.loads((runs / sub / "results.json").read_text())
+               for sub in ("tiny_dense", "tiny_dense/trainer.seed=1")]
+    return root, results
+
+
+def table_lines(text: str, title_start: str) -> list[str]:
+    block = text.split("### ")
+    body = next(b for b in block if b.startswith(title_start))
+    return body.splitlines()
+
+
+def cells(line: str) -> list[str]:
+    return [c.strip() for c in line.strip().strip("|").split("|")]
+
+
+def test_mean_std_over_two_seeds_and_missing_runs(tiny):
+    root, results = tiny
+    text = paper_tables.main(["--exp-dir", str(root / "exp"), "--runs", str(root / "runs"),
+                              "--table", "moe"])
+    test_bpc = [r["test"]["bpc"] for r in results]  # enwik: the test split, not valid
+    assert results[0]["seed"] == 0 and results[1]["seed"] == 1 and test_bpc[0] != test_bpc[1]
+    mean = (test_bpc[0] + test_bpc[1]) / 2
+    std = abs(test_bpc[0] - test_bpc[1]) / 2**0.5  # sample std of two values
+    lines = table_lines(text, "Tab. moe")
+    header = next(line for line in lines if line.startswith("|  |"))
+    assert header == "|  | Mini | Mini-B |"
+    rows = [cells(line) for line in lines
+            if line.startswith("| ") and not line.startswith("|  |")]
+    assert [r[0] for r in rows] == ["Dense", "σ-MoE"]  # the paper's order
+    params = f"{results[0]['n_params'] / 1e6:.3g}M"
+    assert rows[0][1:] == [
+        f"{mean:.3f} ± {std:.3f} (n=2) / 3.00 (Δ {mean - 3.0:+.3f}) · {params} · 100.0% FLOPs",
+        ""]  # no experiment for (Dense, Mini-B)
+    assert rows[1][1:] == ["— / 2.90 · 0.05M · 25.0% FLOPs", "— / n/a · 0.05M · 25.0% FLOPs"]
+    missing = lines[lines.index("Missing runs:") + 1:]
+    assert missing == ["- `python run.py +exp=tiny_moe`"]
+
+
+def test_all_tables_latex_and_one_seed(tiny, tmp_path):
+    root, results = tiny
+    shutil.copytree(root / "runs" / "tiny_dense", tmp_path / "tiny_dense",
+                    ignore=shutil.ignore_patterns("trainer.seed=1"))
+    text = paper_tables.main(["--exp-dir", str(root / "exp"), "--runs", str(tmp_path),
+                              "--format", "latex"])
+    assert text.count("\\begin{tabular}") == 3  # dense, moe, flops (no other table entries)
+    bpc = results[0]["test"]["bpc"]
+    assert f"Dense & {bpc:.3f} / 3.00 ($\\Delta$ {bpc - 3.0:+.3f})" in text  # one seed: no std
+    assert "$\\sigma$-MoE & --- / 2.90" in text and "25.0\\% FLOPs" in text
+    assert "% missing: python run.py +exp=tiny_moe" in text
+
+
+def test_runs_with_other_overrides_are_left_out(tiny, tmp_path):
+    root, results = tiny
+    runs = tmp_path / "runs"
+    shutil.copytree(root / "runs", runs)
+    other = runs / "tiny_dense" / "ffn.d_ff=32,trainer.seed=2"
+    other.mkdir()
+    fake = {**results[0], "seed": 2, "test": {"bpc": 100.0}}
+    (other / "results.json").write_text(json.dumps(fake))
+    dup = runs / "sweeps" / "s" / "tiny_dense" / "trainer.seed=1"  # a sweep rerun of seed 1
+    dup.mkdir(parents=True)
+    (dup / "results.json").write_text(json.dumps({**results[1], "test": {"bpc": 7.0}}))
+    args = ["--exp-dir", str(root / "exp"), "--runs", str(runs), "--table", "dense"]
+    text = paper_tables.main(args)
+    mean = statistics.fmean([results[0]["test"]["bpc"], 7.0])  # newest seed-1 run counts
+    assert f"| Dense | {mean:.3f} ± " in text and "(n=2)" in text
+    assert "ffn.d_ff=32" in text.split("Not counted")[1]
+    text = paper_tables.main([*args, "--all-overrides"])
+    assert "(n=3)" in text and f"{statistics.fmean([results[0]['test']['bpc'], 7, 100]):.3f}" \
+        in text
+
+
+def test_c4_uses_validation_and_wandb_runs(tmp_path, monkeypatch):
+    exps = tmp_path / "exp"
+    write_exp(exps, "c4_small_moe", "sigma_moe", {"n_experts": 16, "expert_size": 128, "k": 4},
+              dataset="c4", params_m=47, model={"d_model": 412},
+              entries=[{"table": "c4_pes2o", "row": "σ-MoE", "column": "C4-S", "value": 23.25}])
+    write_exp(exps, "c4_small_dense", "dense", {"d_ff": 2053}, dataset="c4", params_m=47,
+              entries=[{"table": "c4_pes2o", "row": "Dense", "column": "C4-S", "value": 23.76}])
+    run = tmp_path / "runs" / "c4_small_moe"
+    run.mkdir(parents=True)
+    (run / "results.json").write_text(json.dumps({
+        "name": "c4_small_moe", "metric": "ppl", "seed": 0, "n_params": 47_300_000,
+        "valid": {"ppl": 23.0}, "test": {"ppl": 99.0}}))
+
+    class FakeRun:
+        id = "abc"
+        config = {"name": "c4_small_dense", "trainer": {"seed": 0}}
+        summary = {"valid_ppl": 24.0, "test_ppl": 98.0}
+
+    fake = types.SimpleNamespace(Api=lambda: types.SimpleNamespace(runs=lambda p: [FakeRun]))
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    text = paper_tables.main(["--exp-dir", str(exps), "--runs", str(tmp_path / "runs"),
+                              "--table", "c4_pes2o", "--wandb", "me/proj"])
+    rows = [line for line in text.splitlines() if line.startswith("| ") and "C4-S" not in line]
+    assert rows == ["| Dense | 24.00 / 23.76 (Δ +0.24) |",
+                    "| σ-MoE | 23.00 / 23.25 (Δ -0.25) · 47.3M |"]
+    assert "Missing runs" not in text
+
+
+def paper_grid(exp_dir: Path) -> None:
+    """Every (row, column) of Tab. flops_detailed as an experiment file."""
+    for (g, k), values in PAPER_FLOPS.items():
+        for col, value in zip(PAPER_COLUMNS, values):
+            if value == "-":
+                continue
+            d_model, total = PAPER_COLUMNS[col]
+            n_e = total // g
+            stem = f"g{g}_k{k}_{col.replace('*', 'x').replace('-', '_')}"
+            write_exp(exp_dir, stem, "sigma_moe", {"n_experts": n_e, "expert_size": g, "k": k},
+                      model={"d_model": d_model},
+                      entries=[{"table": "ablation", "row": f"G={g}, K={k}", "column": col,
+                                "value": None}])
+
+
+def test_flops_table_equals_the_papers(tmp_path):
+    paper_grid(tmp_path / "exp")
+    text = paper_tables.main(["--exp-dir", str(tmp_path / "exp"), "--runs", str(tmp_path),
+                              "--table", "flops"])
+    lines = table_lines(text, "Tab. flops_detailed")
+    assert lines[2] == "|  | G | K | WT-S | WT-S* | WT-B | E8 |"
+    assert "| d_model |  |  | 412 | 412 | 1024 | 512 |" in lines
+    got = {}
+    for line in lines:
+        row = cells(line)
+        if row[0].startswith("G="):
+            got[(int(row[1]), int(row[2]))] = tuple(row[3:])
+    assert got == PAPER_FLOPS
+    # the functions behind it
+    moe = ExpertsConfig(d_model=412, n_layers=16, n_experts=16, expert_size=128, k=4)
+    dense = DenseConfig(d_model=412, n_layers=16, d_ff=2053)
+    assert relative_ffn_flops(moe) == 0.25
+    assert relative_ffn_flops(moe, dense) == pytest.approx(512 / 2053)
+    with_sel = ffn_flops(moe, include_selection=True) / ffn_flops(DenseConfig(412, 16, 2048))
+    assert with_sel == pytest.approx((2 * 412 * 512 + 16 * 412) / (2 * 412 * 2048))
+    assert ffn_flops(dense) == 2 * (2 * 412 * 2053)  # FLOPs = 2 x multiply-adds
+
+
+def test_real_experiment_files_give_the_papers_flops():
+    """Once configs/exp/ holds the paper's runs: their FLOPs equal Tab. flops_detailed."""
+    exps = paper_tables.load_experiments(ROOT / "configs" / "exp")
+    checked = 0
+    for exp in exps.values():
+        for e in exp.entries:
+            ffn = exp.cfg.get("ffn") or {}
+            if e.get("table") == "moe":  # Tab. moe's "% FLOPs": 25% small, 12.5% big, dense 100%
+                want = "100.0%" if e["row"] == "Dense" else \
+                    "12.5%" if e["column"].endswith("-B") else "25.0%"
+                assert paper_tables.format_percent(config_relative_flops(exp.cfg)) == want, e
+            key = (ffn.get("expert_size"), ffn.get("k"))
+            if e.get("table") != "ablation" or e.get("column") not in PAPER_COLUMNS \
+                    or key not in PAPER_FLOPS:
+                continue
+            want = PAPER_FLOPS[key][list(PAPER_COLUMNS).index(e["column"])]
+            got = paper_tables.format_percent(config_relative_flops(exp.cfg))
+            assert got == want, (exp.stem, e)
+            checked += 1
+    if not checked:
+        pytest.skip("no ablation experiments in configs/exp yet")
+
+
+def test_benchmark_figures(tmp_path):
+    """Both inputs: the flat record list and scripts/bench_moe.py's own JSON."""
+    records = [{"sweep": sweep, "x": x, "variant": v, "ms": x * (1 if v == "dense" else 0.3),
+                "peak_mb": 2.0 * x, "note": "ignored"}
+               for sweep, xs in (("d_model", (1024, 256, 512)), ("n_experts", (8, 16)),
+                                 ("expert_size", (64, 128)))
+               for v in ("dense", "moe") for x in xs]
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps({"meta": {"device": "test"}, "results": records}))
+    files = plot_bench.main([str(path), "--out", str(tmp_path / "fig")])
+    assert sorted(p.name for p in files) == sorted(
+        f"bench_{s}.{ext}" for s in ("d_model", "n_experts", "expert_size")
+        for ext in ("png", "pdf"))
+    assert all(p.stat().st_size > 1000 for p in files)
+    x, ms, mb = plot_bench.series(records)["d_model"]["dense"]
+    assert x == [256, 512, 1024] and ms == [256, 512, 1024] and mb == [512, 1024, 2048]
+
+    def case(d, e, g, peak):
+        return {"d_model": d, "n_experts": e, "expert_size": g, "d_ff": e * g, "tokens": 64,
+                "k": 4, "results": {v: {"ms": d / 100 + i, "peak_mb": peak,
+                                        "saved_mb": float(e * g)}
+                                    for i, v in enumerate(("dense", "torch"))}}
+
+    native = {"device": "cpu", "dtype": "torch.float32", "sweeps": {
+        "dmodel_g128": [case(512, 16, 128, None), case(256, 8, 128, None)],
+        "n_experts": [case(512, e, 128, None) for e in (8, 16)]}}
+    meta, recs = plot_bench.records_of(native)
+    got = plot_bench.series(recs)
+    assert got["dmodel_g128"]["torch"] == ([256, 512], [3.56, 6.12], [1024, 2048])
+    assert got["n_experts"]["dense"][0] == [8, 16] and meta["device"] == "cpu"
+    path.write_text(json.dumps(native))
+    files = plot_bench.main([str(path)])
+    assert sorted(p.name for p in files) == ["bench_dmodel_g128.pdf", "bench_dmodel_g128.png",
+                                              "bench_n_experts.pdf", "bench_n_experts.png"]
+    path.write_text(json.dumps({"results": [{"sweep": "d_model", "x": 1}]}))
+    with pytest.raises(SystemExit, match="lacks"):
+        plot_bench.main([str(path)])
