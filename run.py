@@ -9,6 +9,7 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from framework.cli import handle_errors, prepare_argv, prepare_run_dir
+from framework.experiment import remove_if_empty
 
 prepare_argv(sys.argv)
 
@@ -22,7 +23,10 @@ def main(cfg: DictConfig):
         run_dir = prepare_run_dir(plain)
         if run_dir is None:  # already finished: nothing to do
             return None
-        return TASKS.get(plain["task"]["kind"])(plain, run_dir)
+        try:
+            return TASKS.get(plain["task"]["kind"])(plain, run_dir)
+        finally:
+            remove_if_empty(run_dir)  # mode=params writes nothing: leave no empty dir
 
 
 if __name__ == "__main__":

@@ -2,10 +2,13 @@
 from __future__ import annotations
 
 import difflib
+import hashlib
 import sys
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+from omegaconf import OmegaConf
 
 from framework.config import ConfigError
 from framework.experiment import config_hash, fresh_dir, read_results, remove_if_empty
@@ -27,21 +30,39 @@ def check_experiment(name: str) -> None:
                           f"See configs/exp/ ({len(names)} experiments).")
 
 
+def dirname(overrides: str, limit: int = 120) -> str:
+    """Run directory name from the overrides; long ones are cut and suffixed with a hash
+    (file names have a 255-byte limit)."""
+    if len(overrides) <= limit:
+        return overrides
+    return f"{overrides[:limit - 13]}..{hashlib.sha256(overrides.encode()).hexdigest()[:11]}"
+
+
+def register_resolvers() -> None:
+    if not OmegaConf.has_resolver("dirname"):
+        OmegaConf.register_new_resolver("dirname", dirname)
+
+
 def prepare_argv(argv: list[str]) -> None:
     """Add `+exp=mini_moe` when no experiment is named; refuse an unknown one early.
 
     Multirun sweeps (`-m`, `+sweep=...`) name their experiments themselves."""
     exps = [a.split("=", 1)[1] for a in argv[1:] if a.lstrip("+").startswith("exp=")]
-    sweep = any(a in ("-m", "--multirun") or a.lstrip("+").startswith("sweep=")
-                for a in argv[1:])
+    multirun = any(a in ("-m", "--multirun") for a in argv[1:])
+    sweep = any(a.lstrip("+").startswith("sweep=") for a in argv[1:])
+    inspect = any(a.startswith(("--cfg", "-c", "--info", "-h", "--help", "-p", "--package"))
+                  for a in argv[1:])
+    if sweep and not multirun and not inspect:
+        argv.insert(1, "--multirun")  # a sweep file only means something in multirun mode
+    register_resolvers()
     try:
         for name in (n for value in exps for n in value.split(",")):
             check_experiment(name)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(1)
-    if not exps and not sweep and not any(a in ("--help", "-h", "--hydra-help")
-                                          for a in argv[1:]):
+    if not exps and not sweep and not multirun and not any(
+            a in ("--help", "-h", "--hydra-help") for a in argv[1:]):
         argv.insert(1, f"+exp={DEFAULT_EXP}")
 
 

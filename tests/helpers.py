@@ -7,6 +7,8 @@ from typing import Any
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
+from framework.cli import register_resolvers
+
 CONFIGS = str(Path(__file__).resolve().parent.parent / "configs")
 
 TINY = [
@@ -16,6 +18,9 @@ TINY = [
     "trainer.progress=false", "trainer.log_every=5", "trainer.warmup_steps=0",
 ]
 TINY_MOE = ["ffn.n_experts=4", "ffn.expert_size=16", "ffn.k=2"]
+
+
+register_resolvers()
 
 
 def compose_cfg(overrides: list[str], exp: str = "mini_moe") -> dict[str, Any]:

@@ -1,0 +1,141 @@
+"""Sweep configs (configs/sweep/<table>.yaml, issue 6; docs/cluster.md).
+
+Every sweep composes under the Slurm launcher and under submitit_local, expands (with
+Hydra's own BasicSweeper) to exactly the experiments whose `paper:` block names its table
+x seeds 0, 1, 2, and is what scripts/make_sweeps.py writes. The Slurm settings reach the
+sbatch script, and the signal submitit sends before the time limit is one the trainer
+checkpoints on. One real multirun goes through submitit_local end to end.
+"""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import submitit
+import yaml
+from hydra import compose, initialize_config_dir
+from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
+from submitit.slurm.slurm import SlurmJobEnvironment
+
+from scripts import make_sweeps
+
+ROOT = Path(__file__).resolve().parent.parent
+CONFIGS = ROOT / "configs"
+TABLES = ["dense", "moe", "ablation", "pkm", "topk", "c4_pes2o"]
+SLURM = "hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher"
+LOCAL = "hydra_plugins.hydra_submitit_launcher.submitit_launcher.LocalLauncher"
+
+
+def paper_tables() -> dict[str, set[str]]:
+    """table -> experiments naming it, read straight from configs/exp (not the generator)."""
+    out: dict[str, set[str]] = {t: set() for t in TABLES}
+    for path in (CONFIGS / "exp").glob("*.yaml"):
+        for entry in (yaml.safe_load(path.read_text()).get("paper") or {}).get("entries", []):
+            out[entry["table"]].add(path.stem)
+    return out
+
+
+def compose_sweep(table: str, *overrides: str):
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base=None):
+        return compose("config", overrides=[f"+sweep={table}", *overrides],
+                       return_hydra_config=True)
+
+
+def jobs(cfg, *cli: str) -> list[dict[str, str]]:
+    """The jobs BasicSweeper launches: its params, then command-line overrides (which win)."""
+    args = [f"{k}={v}" for k, v in cfg.hydra.sweeper.params.items()] + list(cli)
+    batches = BasicSweeper.split_arguments(OverridesParser.create().parse_overrides(args), None)
+    return [dict(o.split("=", 1) for o in job) for batch in batches for job in batch]
+
+
+def test_sweep_files_are_up_to_date():
+    assert make_sweeps.main(["--check"]) == 0, "run python scripts/make_sweeps.py"
+    assert sorted(p.stem for p in make_sweeps.expected_files()) == sorted(TABLES)
+
+
+@pytest.mark.parametrize("table", TABLES)
+def test_sweep_runs_its_table_under_submitit_local(table):
+    cfg = compose_sweep(table, "hydra/launcher=submitit_local")
+    assert cfg.hydra.launcher._target_ == LOCAL
+    assert cfg.sweep_name == table
+    assert OmegaConf.select(cfg, "hydra.sweep.dir") == f"runs/sweeps/{table}"
+    expected = paper_tables()[table]
+    got = [(j["+exp"], j["trainer.seed"]) for j in jobs(cfg)]
+    assert expected and len(got) == len(set(got)) == 3 * len(expected)
+    assert set(got) == {(e, s) for e in expected for s in "012"}
+    assert {e for e, _ in got} <= {p.stem for p in (CONFIGS / "exp").glob("*.yaml")}
+
+
+def test_command_line_replaces_seeds_and_experiments():
+    cfg = compose_sweep("moe", "hydra/launcher=submitit_local")
+    got = jobs(cfg, "trainer.seed=range(5)", "+exp=e8_moe,wt103_small_moe")
+    assert sorted((j["+exp"], j["trainer.seed"]) for j in got) == [
+        (e, str(s)) for e in ("e8_moe", "wt103_small_moe") for s in range(5)]
+
+
+def test_slurm_settings_reach_sbatch(tmp_path, monkeypatch):
+    cfg = compose_sweep("moe", "hydra.launcher.tasks_per_node=4",
+                        "hydra.launcher.gpus_per_node=4", "hydra.job.name=run")
+    launcher_cfg = cfg.hydra.launcher
+    assert launcher_cfg._target_ == SLURM
+    assert launcher_cfg.max_num_timeout > 0  # requeued after a time limit
+    # the signal submitit sends signal_delay_s before the limit makes the trainer checkpoint
+    assert f"SIG{SlurmJobEnvironment.USR_SIG}" in cfg.trainer.preempt_signals
+
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "srun").write_text("#!/bin/sh\n")  # submitit insists on finding srun
+    (tmp_path / "bin" / "srun").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.chdir(tmp_path)
+    seen = {}
+
+    class Submitted(Exception):
+        pass
+
+    def map_array(executor, fn, *args):
+        seen["executor"], seen["n"] = executor, len(args[0])
+        raise Submitted
+
+    monkeypatch.setattr(submitit.AutoExecutor, "map_array", map_array)
+    launcher = instantiate(launcher_cfg)
+    launcher.setup(hydra_context=None, task_function=None, config=cfg)
+    with pytest.raises(Submitted):
+        launcher.launch([["+exp=e8_moe", "trainer.seed=0"], ["+exp=e8_moe", "trainer.seed=1"]],
+                        initial_job_idx=0)
+    slurm = seen["executor"]._executor
+    assert seen["n"] == 2 and slurm.max_num_timeout == launcher_cfg.max_num_timeout
+    sbatch = slurm._make_submission_file_text("CMD", "0").splitlines()
+    for flag in (f"--signal=USR2@{launcher_cfg.signal_delay_s}",
+                 f"--time={launcher_cfg.timeout_min}", "--ntasks-per-node=4",
+                 "--gpus-per-node=4", f"--cpus-per-task={launcher_cfg.cpus_per_task}",
+                 f"--mem={launcher_cfg.mem_gb}GB"):
+        assert f"#SBATCH {flag}" in sbatch
+    assert (tmp_path / "runs" / "sweeps" / "moe").is_dir()
+
+
+def test_multirun_through_submitit_local(tmp_path):
+    """The documented local command, restricted to one run; mode=params allocates nothing."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HYDRA_FULL_ERROR": "1"}
+    run = [sys.executable, str(ROOT / "run.py")]
+    out = subprocess.run(
+        [*run, "-m", "+sweep=moe", "hydra/launcher=submitit_local", "+exp=e8_moe",
+         "trainer.seed=1", "mode=params"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    sweep = tmp_path / "runs" / "sweeps" / "moe"
+    # mode=params writes nothing, so its (empty) run directory is removed again
+    assert not [p for p in sweep.glob("*/*") if not p.parts[-2].startswith(".")]
+    logs = "".join(p.read_text() for p in (sweep / ".submitit").rglob("*_log.out"))
+    assert "e8_moe: 41.24M parameters" in logs
+
+    # --cfg cannot go with -m in Hydra 1.3; without it, it shows the sweep's settings
+    out = subprocess.run([*run, "+sweep=moe", "hydra/launcher=submitit_local", "--cfg", "hydra",
+                          "-p", "hydra.sweeper.params"],
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr[-2000:]
+    params = yaml.safe_load(out.stdout)
+    assert {e.strip() for e in params["+exp"].split(",")} == paper_tables()["moe"]
