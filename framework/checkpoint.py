@@ -19,9 +19,16 @@ import torch
 CKPT_RE = re.compile(r"^checkpoint_(\d{8})\.pt$")
 
 
+def _umask_mode() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, _umask_mode())  # mkstemp makes 0600; give the usual permissions
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
@@ -45,6 +52,7 @@ def save_checkpoint(run_dir: Path, step: int, state: dict[str, Any], keep: int =
     path = run_dir / f"checkpoint_{step:08d}.pt"
     fd, tmp = tempfile.mkstemp(dir=run_dir, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, _umask_mode())
         with os.fdopen(fd, "wb") as f:
             torch.save(state, f)
             f.flush()

@@ -10,6 +10,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from framework.checkpoint import list_checkpoints
 from framework.config import ConfigError
 from framework.experiment import config_hash, fresh_dir, read_results, remove_if_empty
 
@@ -61,9 +62,9 @@ def prepare_argv(argv: list[str]) -> None:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(1)
-    if not exps and not sweep and not multirun and not any(
+    if not exps and not sweep and not any(
             a in ("--help", "-h", "--hydra-help") for a in argv[1:]):
-        argv.insert(1, f"+exp={DEFAULT_EXP}")
+        argv.append(f"+exp={DEFAULT_EXP}")
 
 
 def prepare_run_dir(cfg: dict[str, Any]) -> Path | None:
@@ -74,13 +75,12 @@ def prepare_run_dir(cfg: dict[str, Any]) -> Path | None:
     if cfg.get("mode", "train") != "train":
         return run_dir
     done = read_results(run_dir)
+    if cfg.get("fresh") and (done is not None or list_checkpoints(run_dir)):
+        new = fresh_dir(run_dir)
+        print(f"fresh=true: {run_dir} is kept; starting a new run in {new}")
+        new.mkdir(parents=True)
+        return new
     if done is not None:
-        if cfg.get("fresh"):
-            new = fresh_dir(run_dir)
-            print(f"fresh=true: {run_dir} is kept; starting a new run in {new}")
-            remove_if_empty(run_dir)
-            new.mkdir(parents=True)
-            return new
         if done.get("config_hash") == config_hash(cfg):
             metric = done.get("metric", "loss")
             print(f"this run already finished: valid {metric} "

@@ -162,6 +162,11 @@ class Trainer:
         state = load_latest(self.run_dir, warn=lambda m: tqdm.write(m))
         if state is None:
             return False
+        if self.config_hash and state.get("config_hash") not in (None, self.config_hash):
+            raise ConfigError(
+                f"{self.run_dir} holds checkpoints of another config (hash "
+                f"{state['config_hash']} != {self.config_hash}); pass fresh=true to start a new "
+                f"run beside it, or hydra.run.dir=<new dir>")
         self.load_state_dict(state)
         return True
 

@@ -15,7 +15,7 @@ from omegaconf import OmegaConf
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
-from framework.checkpoint import atomic_write_bytes, load_latest
+from framework.checkpoint import atomic_write_bytes, list_checkpoints, load_latest
 from framework.config import ConfigError, from_dict
 from framework.data import DATASETS
 from framework.distributed import init_distributed
@@ -54,7 +54,8 @@ def run(cfg: dict[str, Any], run_dir: Path) -> dict[str, Any] | None:
         torch.cuda.set_device(device)
     if dist_info.is_main:
         check_writable(run_dir)
-        atomic_write_bytes(run_dir / "config.yaml", OmegaConf.to_yaml(cfg).encode())
+        if not list_checkpoints(run_dir):  # a resumed run keeps the config it started with
+            atomic_write_bytes(run_dir / "config.yaml", OmegaConf.to_yaml(cfg).encode())
     seed_everything(trainer_cfg.seed)  # same init on every rank (DDP also broadcasts it)
     model = TransformerXL(model_cfg).to(device)
     seed_everything(trainer_cfg.seed + dist_info.rank)  # own dropout masks per rank

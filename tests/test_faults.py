@@ -214,3 +214,14 @@ def test_same_seed_same_losses(tmp_path):
     strip = lambda rows: [{k: v for k, v in json.loads(r).items() if "time" not in k and  # noqa
                            "tokens_per_s" not in k} for r in rows]
     assert strip(a) == strip(b)
+
+
+def test_checkpoints_of_another_config_are_not_resumed(tmp_path):
+    RUN(compose_cfg([*OVERRIDES, "trainer.steps=2"]), tmp_path)
+    (tmp_path / "results.json").unlink()  # as if interrupted after its last checkpoint
+    before = {p.name: p.stat().st_mtime_ns for p in tmp_path.iterdir()}
+    with pytest.raises(ConfigError, match="holds checkpoints of another config.*fresh=true"):
+        RUN(compose_cfg([*OVERRIDES, "trainer.steps=2", "trainer.lr=0.01"]), tmp_path)
+    after = {p.name: p.stat().st_mtime_ns for p in tmp_path.iterdir() if p.name in before}
+    assert {k: v for k, v in before.items() if k.startswith("checkpoint")} == {
+        k: v for k, v in after.items() if k.startswith("checkpoint")}
