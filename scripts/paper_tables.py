@@ -459,9 +459,17 @@ def main(argv: list[str] | None = None) -> str:
                     help="count runs with overrides besides trainer.seed too")
     ap.add_argument("--flops-selector", action="store_true",
                     help="count the selector N_E*d_model in the FLOPs table (the paper does not)")
+    ap.add_argument("--mini", action="store_true",
+                    help="the laptop-scale tables and claim checks (configs/sweep/mini.yaml)")
     args = ap.parse_args(argv)
     if not args.exp_dir.is_dir():
         ap.error(f"--exp-dir {args.exp_dir} is not a directory")
+    if args.mini:
+        from scripts.mini_claims import report
+
+        text = report(args.exp_dir, args.runs, args.all_overrides)
+        print(text, end="")
+        return text
     exps = load_experiments(args.exp_dir)
     runs, skipped = find_runs(args.runs, args.all_overrides)
     for s in skipped:

@@ -6,6 +6,8 @@ runs the final evaluation), `eval` (final evaluation of the last checkpoint only
 """
 from __future__ import annotations
 
+import re
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -29,6 +31,26 @@ from tasks import TASKS
 from tasks.lm import LMTask, LMTaskConfig, build_model_config, load_data
 
 
+def reset_peak_rss() -> None:
+    """Linux: restart the peak-RSS counter, so each in-process run (a sequential sweep)
+    reports its own peak."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        pass
+
+
+def peak_rss_mb() -> float:
+    try:
+        status = Path("/proc/self/status").read_text()
+        return int(re.search(r"VmHWM:\s+(\d+) kB", status)[1]) / 1024
+    except (OSError, TypeError):
+        import resource
+
+        scale = 2**20 if sys.platform == "darwin" else 1024
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / scale
+
+
 def ffn_param_share(model: torch.nn.Module) -> float:
     ffn = sum(p.numel() for n, p in model.named_parameters() if ".ffn." in n)
     return ffn / max(1, n_params(model))
@@ -45,6 +67,7 @@ def run(cfg: dict[str, Any], run_dir: Path) -> dict[str, Any] | None:
     if mode == "params":
         return print_params(cfg)
 
+    reset_peak_rss()
     data = load_data(cfg)
     model_cfg = build_model_config(cfg, data.vocab_size)
     device = resolve_device(trainer_cfg.device)
@@ -87,7 +110,8 @@ def run(cfg: dict[str, Any], run_dir: Path) -> dict[str, Any] | None:
         results: dict[str, Any] = {"name": cfg.get("name"), "metric": data.metric,
                                    "steps": trainer.step, "n_params": count,
                                    "config_hash": chash, "seed": trainer_cfg.seed,
-                                   "train_seconds": round(train_s, 1)}
+                                   "train_seconds": round(train_s, 1),
+                                   "peak_rss_mb": round(peak_rss_mb(), 1)}
         # Every rank evaluates the same streams (identical numbers); rank 0 writes them.
         for split in ("valid", "test"):
             r = task.evaluate(split, task_cfg.eval_batch_size, task_cfg.eval_mem_segments,

@@ -35,7 +35,7 @@ def paper_tables() -> dict[str, set[str]]:
     out: dict[str, set[str]] = {t: set() for t in TABLES}
     for path in (CONFIGS / "exp").glob("*.yaml"):
         for entry in (yaml.safe_load(path.read_text()).get("paper") or {}).get("entries", []):
-            out[entry["table"]].add(path.stem)
+            out.setdefault(entry["table"], set()).add(path.stem)
     return out
 
 

@@ -1,0 +1,326 @@
+"""The paper's claims at laptop scale (issue 9): the mini tables, a check of each claim
+against the seed spread, and a CPU throughput table.
+
+    python scripts/mini_claims.py --runs runs/sweeps/mini
+    python scripts/paper_tables.py --mini --runs runs/sweeps/mini   # the same report
+
+Runs come from `python run.py -m +sweep=mini` (configs/sweep/mini.yaml, docs/mini.md): the
+experiments `mini_{enwik,wiki}_<variant>` x seeds. Metric: test bits/char (enwik_mini) and
+test perplexity (wikitext_mini) on a fixed subset of the split (`task.final_segments`);
+lower is better. Each cell: mean ± sample std over seeds (n - 1), as scripts/paper_tables.py.
+
+How a claim is judged, for variant a against variant b with n_a, n_b seeds (metric as
+reported, bpc or ppl; diff = mean_a - mean_b, negative = a is better):
+
+    pooled std  s_p = sqrt(((n_a - 1) s_a^2 + (n_b - 1) s_b^2) / (n_a + n_b - 2))
+    t           = diff / (s_p * sqrt(1/n_a + 1/n_b))      (Student's two-sample t)
+
+- "a beats b": holds if diff < 0 and t <= -2 (3 + 3 seeds: df 4, one-sided p ~ 0.06: a
+  screen, not a proof); "not significant" if diff < 0 but |t| < 2; "reversed, not
+  significant" if diff >= 0 and |t| < 2; "fails" if t >= 2.
+- "a matches b": holds if |diff| <= 2 s_p or |diff| <= 1% of mean_b. The paper's claim is
+  "matches or surpasses", so a better beyond that tolerance is "holds (better)"; worse
+  beyond it "fails".
+- Fewer than 2 seeds on a side: no std, so "beats" is "n/a (1 seed)" and "matches" uses
+  only the 1% rule. A variant without runs: "missing".
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from scripts.paper_tables import by_experiment, find_runs, mean_std  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+T_MIN = 2.0  # |t| needed for "beats"
+MATCH_STDS = 2.0  # "matches": |diff| within this many pooled std ...
+MATCH_REL = 0.01  # ... or within this fraction of the reference mean
+# file-name data part -> column (the dataset config); variants in the paper's row order
+DATASETS = {"enwik": "enwik_mini", "wiki": "wikitext_mini"}
+COLUMNS = tuple(DATASETS.values())
+VARIANTS = ("dense", "topk", "pkm_softmax", "pkm_relu", "moe", "moe_softmax_renorm",
+            "moe_softmax", "moe_standard_init", "moe_no_reg", "switch", "sbase")
+
+
+@dataclass(frozen=True)
+class Claim:
+    text: str
+    kind: str  # "matches" | "beats"
+    a: str  # variant (file-name suffix)
+    b: str
+
+
+CLAIMS = (
+    Claim("σ-MoE matches parameter-equal dense (Tab. moe)", "matches", "moe", "dense"),
+    Claim("σ-MoE beats Switch (Tab. ablation)", "beats", "moe", "switch"),
+    Claim("σ-MoE beats S-BASE (Tab. ablation)", "beats", "moe", "sbase"),
+    Claim("sigmoid beats softmax before top-k (Tab. ablation)", "beats", "moe", "moe_softmax"),
+    Claim("sigmoid beats softmax after top-k (Tab. ablation)", "beats", "moe",
+          "moe_softmax_renorm"),
+    Claim("ReLU PKM beats softmax PKM (Tab. pkm)", "beats", "pkm_relu", "pkm_softmax"),
+    Claim("top-k matches dense (Tab. topk)", "matches", "topk", "dense"),
+    Claim("σ-MoE init beats standard init (Tab. ablation)", "beats", "moe", "moe_standard_init"),
+    Claim("regularization helps: σ-MoE beats no reg (Tab. ablation)", "beats", "moe",
+          "moe_no_reg"),
+)
+
+
+# -- statistics -------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Comparison:
+    diff: float  # mean_a - mean_b (negative: a is better)
+    rel: float  # diff / |mean_b|
+    pooled: float | None  # pooled sample std; None with fewer than 3 values in all
+    t: float | None  # diff / standard error of the difference; None without a pooled std
+
+
+def compare(a: list[float], b: list[float]) -> Comparison:
+    if not a or not b:
+        raise ValueError("compare needs at least one value on each side")
+    ma, mb = statistics.fmean(a), statistics.fmean(b)
+    diff = ma - mb
+    rel = diff / abs(mb) if mb else math.inf
+    df = len(a) + len(b) - 2
+    if len(a) < 2 or len(b) < 2:
+        return Comparison(diff, rel, None, None)
+    ss = (len(a) - 1) * statistics.variance(a) + (len(b) - 1) * statistics.variance(b)
+    pooled = math.sqrt(ss / df)
+    se = pooled * math.sqrt(1 / len(a) + 1 / len(b))
+    t = diff / se if se > 0 else (0.0 if diff == 0 else math.copysign(math.inf, diff))
+    return Comparison(diff, rel, pooled, t)
+
+
+def verdict(kind: str, c: Comparison, t_min: float = T_MIN, match_stds: float = MATCH_STDS,
+            match_rel: float = MATCH_REL) -> str:
+    """The rule of the module docstring; lower metric = better."""
+    if kind == "beats":
+        if c.t is None:
+            return "n/a (1 seed)"
+        if c.t >= t_min:
+            return "fails"
+        if c.diff < 0:
+            return "holds" if c.t <= -t_min else "not significant"
+        return "reversed, not significant"
+    if kind == "matches":
+        tol = abs(c.rel) <= match_rel or (c.pooled is not None and abs(c.diff) <= match_stds
+                                          * c.pooled)
+        if tol:
+            return "holds"
+        return "holds (better)" if c.diff < 0 else "fails"
+    raise ValueError(f"unknown claim kind {kind!r}: matches | beats")
+
+
+@dataclass(frozen=True)
+class ClaimResult:
+    claim: Claim
+    column: str
+    verdict: str
+    comparison: Comparison | None  # None: a side has no runs
+
+
+def check_claims(values: dict[tuple[str, str], list[float]], columns=COLUMNS,
+                 claims=CLAIMS, **rule: float) -> list[ClaimResult]:
+    """values: (variant, column) -> the metric of each seed."""
+    out = []
+    for claim in claims:
+        for col in columns:
+            a, b = values.get((claim.a, col)) or [], values.get((claim.b, col)) or []
+            if not a or not b:
+                out.append(ClaimResult(claim, col, "missing", None))
+                continue
+            c = compare(a, b)
+            out.append(ClaimResult(claim, col, verdict(claim.kind, c, **rule), c))
+    return out
+
+
+# -- runs -------------------------------------------------------------------------------------
+def exp_name(data: str, variant: str) -> str:
+    return f"mini_{data}_{variant}"
+
+
+def mini_rows(exp_dir: Path) -> dict[str, str]:
+    """variant -> row label of its `paper:` entry (table `mini`) in configs/exp/."""
+    import yaml
+
+    rows = {}
+    for path in sorted(exp_dir.glob("mini_*_*.yaml")):
+        for entry in (yaml.safe_load(path.read_text()).get("paper") or {}).get("entries") or []:
+            if entry.get("table") == "mini":
+                rows.setdefault(path.stem.split("_", 2)[2], entry["row"])
+    return rows
+
+
+def _fmt(x: float, metric: str) -> str:
+    return f"{x:.3f}" if metric == "bpc" else f"{x:.2f}"
+
+
+def tokens_per_s(run_dir: Path) -> float | None:
+    """Median of the run's logged `train/tokens_per_s` (robust to a busy moment)."""
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return None
+    vals = []
+    for line in path.read_text().splitlines():
+        try:
+            v = json.loads(line).get("train/tokens_per_s")
+        except ValueError:
+            continue
+        if isinstance(v, (int, float)):
+            vals.append(float(v))
+    return statistics.median(vals) if vals else None
+
+
+def _results(run_dir: Path) -> dict[str, Any]:
+    try:
+        return json.loads((run_dir / "results.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _mean(xs: list[float | None]) -> float | None:
+    xs = [x for x in xs if x is not None]
+    return statistics.fmean(xs) if xs else None
+
+
+@dataclass
+class Collected:
+    values: dict[tuple[str, str], list[float]]
+    metric: dict[str, str]  # column -> bpc | ppl
+    params: dict[tuple[str, str], float]
+    speed: dict[tuple[str, str], dict[str, float | None]]  # tok_s, train_s, peak_rss_mb
+    skipped: list[str]
+
+
+def collect(roots: list[Path], all_overrides: bool = False) -> Collected:
+    runs, skipped = find_runs(roots, all_overrides)
+    grouped = by_experiment(runs)
+    out = Collected({}, {}, {}, {}, [s for s in skipped if "/mini_" in s or ": mini_" in s])
+    for data, col in DATASETS.items():
+        for variant in VARIANTS:
+            found = grouped.get(exp_name(data, variant), [])
+            if not found:
+                continue
+            key = (variant, col)
+            out.metric[col] = found[0].metric
+            out.values[key] = [r.test[r.metric] for r in found]
+            counts = [r.n_params for r in found if r.n_params]
+            if counts:
+                out.params[key] = statistics.fmean(counts)
+            dirs = [Path(r.source) for r in found if not r.source.startswith("wandb:")]
+            res = [_results(d) for d in dirs]
+            out.speed[key] = {"tok_s": _mean([tokens_per_s(d) for d in dirs]),
+                              "train_s": _mean([r.get("train_seconds") for r in res]),
+                              "peak_rss_mb": _mean([r.get("peak_rss_mb") for r in res])}
+    return out
+
+
+# -- rendering --------------------------------------------------------------------------------
+def render_results(c: Collected, rows: dict[str, str]) -> str:
+    cols = list(COLUMNS)
+    head = ["", *(f"{col} ({c.metric.get(col, 'bpc' if 'enwik' in col else 'ppl')})"
+                  for col in cols)]
+    lines = ["### Mini: the paper's variants at laptop scale (test, fixed subset; lower is "
+             "better)", "", "| " + " | ".join(head) + " |", "|:--|" + "--:|" * len(cols)]
+    missing = []
+    for variant in VARIANTS:
+        cells = []
+        for data, col in DATASETS.items():
+            vals = c.values.get((variant, col))
+            if not vals:
+                cells.append("—")
+                missing.append(exp_name(data, variant))
+                continue
+            mean, std = mean_std(vals)
+            m = c.metric[col]
+            text = _fmt(mean, m) + ("" if std is None else f" ± {_fmt(std, m)}")
+            text += f" (n={len(vals)})" if len(vals) > 1 else ""
+            if (variant, col) in c.params:
+                text += f" · {c.params[(variant, col)] / 1e6:.3g}M"
+            cells.append(text)
+        lines.append(f"| {rows.get(variant, variant)} | " + " | ".join(cells) + " |")
+    lines += ["", "Each cell: mean ± sample std over seeds (n seeds) · parameter count."]
+    if missing:
+        missing = [exp_name(d, v) for d in DATASETS for v in VARIANTS if exp_name(d, v) in missing]
+        lines += ["", "Missing runs:",
+                  f"- `python run.py -m +sweep=mini +exp={','.join(missing)}`"]
+    if c.skipped:
+        lines += ["", "Not counted (other overrides):", *[f"- {s}" for s in c.skipped]]
+    return "\n".join(lines) + "\n"
+
+
+def render_claims(results: list[ClaimResult], metric: dict[str, str]) -> str:
+    lines = ["### Mini: do the paper's claims hold at this scale?", "",
+             "| claim | data | verdict | Δ (a − b) | Δ rel. | pooled std | t |",
+             "|:--|:--|:--|--:|--:|--:|--:|"]
+    for r in results:
+        if r.comparison is None:
+            lines.append(f"| {r.claim.text} | {r.column} | missing | | | | |")
+            continue
+        c, m = r.comparison, metric.get(r.column, "bpc")
+        pooled = "—" if c.pooled is None else _fmt(c.pooled, m)
+        t = "—" if c.t is None else f"{c.t:+.2f}"
+        lines.append(f"| {r.claim.text} | {r.column} | {r.verdict} | "
+                     f"{'+' if c.diff >= 0 else ''}{_fmt(c.diff, m)} | {100 * c.rel:+.1f}% | "
+                     f"{pooled} | {t} |")
+    lines += ["", f"a beats b: mean_a < mean_b and t <= -{T_MIN:g} (Student's t, pooled "
+              f"std); a matches b: |Δ| <= {MATCH_STDS:g} pooled std or <= {100 * MATCH_REL:g}% "
+              "of mean_b (better beyond that: \"holds (better)\"). Rules: "
+              "scripts/mini_claims.py."]
+    return "\n".join(lines) + "\n"
+
+
+def render_throughput(c: Collected, rows: dict[str, str]) -> str:
+    cols = list(COLUMNS)
+    head = ["", *(f"{col} {h}" for col in cols
+                  for h in ("tok/s", "× dense", "train s", "peak RSS MB"))]
+    lines = ["### Mini: CPU training throughput and peak memory", "",
+             "| " + " | ".join(head) + " |", "|:--|" + "--:|" * (len(head) - 1)]
+    no_rss = True
+    for variant in VARIANTS:
+        cells = []
+        for col in cols:
+            s = c.speed.get((variant, col)) or {}
+            dense = (c.speed.get(("dense", col)) or {}).get("tok_s")
+            tok = s.get("tok_s")
+            cells += ["—" if tok is None else f"{tok:,.0f}",
+                      "—" if tok is None or not dense else f"{tok / dense:.2f}",
+                      "—" if s.get("train_s") is None else f"{s['train_s']:.1f}",
+                      "—" if s.get("peak_rss_mb") is None else f"{s['peak_rss_mb']:.0f}"]
+            no_rss = no_rss and s.get("peak_rss_mb") is None
+        lines.append(f"| {rows.get(variant, variant)} | " + " | ".join(cells) + " |")
+    lines += ["", "tok/s: median of the run's logged `train/tokens_per_s`, mean over seeds; "
+              "train s: results.json `train_seconds`; a shared machine makes both noisy."]
+    if no_rss:
+        lines.append("peak RSS: not in results.json (needs `peak_rss_mb`, tasks/lm_run.py).")
+    return "\n".join(lines) + "\n"
+
+
+def report(exp_dir: Path, roots: list[Path], all_overrides: bool = False) -> str:
+    c = collect(roots, all_overrides)
+    rows = mini_rows(exp_dir)
+    return "\n".join([render_results(c, rows), render_claims(check_claims(c.values), c.metric),
+                      render_throughput(c, rows)])
+
+
+def main(argv: list[str] | None = None) -> str:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--runs", type=Path, nargs="+", default=[Path("runs/sweeps/mini")],
+                    help="root directories searched recursively for results.json")
+    ap.add_argument("--exp-dir", type=Path, default=ROOT / "configs" / "exp")
+    ap.add_argument("--all-overrides", action="store_true",
+                    help="count runs with overrides besides trainer.seed too")
+    args = ap.parse_args(argv)
+    text = report(args.exp_dir, args.runs, args.all_overrides)
+    print(text, end="")
+    return text
+
+
+if __name__ == "__main__":
+    main()

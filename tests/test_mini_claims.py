@@ -1,0 +1,192 @@
+"""The laptop-scale claim check (issue 9; scripts/mini_claims.py, configs/sweep/mini.yaml):
+the claim rules on hand-built numbers, the report from run directories, and every mini
+experiment composes, shares one token budget and is parameter-matched to its dense twin.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+from hydra.core.override_parser.overrides_parser import OverridesParser
+
+from models.transformer_xl import TransformerXL, n_params
+from scripts import mini_claims
+from scripts.mini_claims import Claim, check_claims, compare, verdict
+from tasks.lm import build_model_config
+from tests.helpers import compose_cfg
+
+ROOT = Path(__file__).resolve().parent.parent
+CONFIGS = ROOT / "configs"
+MINI = sorted(p.stem for p in (CONFIGS / "exp").glob("mini_*_*.yaml")
+              if p.stem.split("_")[1] in mini_claims.DATASETS)
+ENWIK, WIKI = mini_claims.DATASETS.values()
+
+
+# -- the rules ----------------------------------------------------------------------------------
+def test_compare_is_students_t_with_pooled_std():
+    a, b = [1.00, 1.01, 0.99], [1.10, 1.11, 1.09]  # std 0.01 each, means differ by 0.1
+    c = compare(a, b)
+    assert c.diff == pytest.approx(-0.1) and c.rel == pytest.approx(-0.1 / 1.1)
+    assert c.pooled == pytest.approx(0.01)
+    assert c.t == pytest.approx(-0.1 / (0.01 * math.sqrt(2 / 3)))  # -12.25
+    c = compare([1.0, 1.2], [2.0, 2.0, 2.0, 2.0])  # unequal n: only a contributes variance
+    assert c.pooled == pytest.approx(math.sqrt(0.02 / 4))
+    assert compare([1.0], [1.2]).pooled is None and compare([1.0], [1.2]).t is None
+
+
+@pytest.mark.parametrize("a, b, beats, matches", [
+    ([1.00, 1.01, 0.99], [1.10, 1.11, 1.09], "holds", "holds (better)"),  # t = -12.2
+    ([1.10, 1.11, 1.09], [1.00, 1.01, 0.99], "fails", "fails"),
+    ([1.00, 1.03, 0.97], [1.02, 1.05, 0.99], "not significant", "holds"),  # t = -0.82
+    ([1.02, 1.05, 0.99], [1.00, 1.03, 0.97], "reversed, not significant", "holds"),
+    ([100.0] * 3, [100.5] * 3, "holds", "holds"),  # no spread: the 1% rule matches
+    ([102.0] * 3, [100.0] * 3, "fails", "fails"),  # 2% worse, no spread
+    ([1.0], [1.005], "n/a (1 seed)", "holds"),  # one seed: only the 1% rule
+    ([1.0], [1.2], "n/a (1 seed)", "holds (better)"),
+])
+def test_verdicts(a, b, beats, matches):
+    c = compare(a, b)
+    assert verdict("beats", c) == beats
+    assert verdict("matches", c) == matches
+
+
+def test_matches_within_two_pooled_std_but_not_beyond():
+    b = [3.0, 3.1, 2.9]  # std 0.1, so pooled 0.1: tolerance 0.2 (6.7%, far above 1%)
+    assert verdict("matches", compare([x + 0.19 for x in b], b)) == "holds"
+    assert verdict("matches", compare([x + 0.21 for x in b], b)) == "fails"
+    assert verdict("matches", compare([x - 0.21 for x in b], b)) == "holds (better)"
+    with pytest.raises(ValueError, match="kind"):
+        verdict("equals", compare(b, b))
+
+
+def test_check_claims_per_dataset_and_missing_runs():
+    base = [2.00, 2.02, 1.98]
+    values = {(v, ENWIK): list(base) for v in mini_claims.VARIANTS}
+    values[("switch", ENWIK)] = [x + 0.3 for x in base]  # far worse: sigma-MoE beats Switch
+    values[("pkm_relu", ENWIK)] = [x + 0.3 for x in base]  # ReLU PKM worse: claim fails
+    values[("topk", ENWIK)] = [x + 0.01 for x in base]  # within the spread: matches
+    results = {(r.claim.b, r.claim.a, r.column): r for r in check_claims(values)}
+    assert len(results) == 2 * len(mini_claims.CLAIMS)
+    assert results[("switch", "moe", ENWIK)].verdict == "holds"
+    assert results[("pkm_softmax", "pkm_relu", ENWIK)].verdict == "fails"
+    assert results[("dense", "topk", ENWIK)].verdict == "holds"
+    assert results[("dense", "moe", ENWIK)].verdict == "holds"  # identical numbers
+    assert results[("sbase", "moe", ENWIK)].verdict == "reversed, not significant"  # t = 0
+    assert all(r.verdict == "missing" and r.comparison is None
+               for (_, _, col), r in results.items() if col == WIKI)
+    every = {v for c in mini_claims.CLAIMS for v in (c.a, c.b)}
+    assert every <= set(mini_claims.VARIANTS)
+    custom = check_claims(values, columns=[ENWIK], claims=[Claim("x", "beats", "moe", "topk")],
+                          t_min=0.5)
+    assert [r.verdict for r in custom] == ["holds"]  # t = -0.61 clears a lower bar
+
+
+# -- the report ---------------------------------------------------------------------------------
+def fake_run(root: Path, name: str, seed: int, bpc: float, tok_s: list[float],
+             rss: float | None = None, overrides: str | None = None) -> None:
+    run = root / name / (overrides or f"trainer.seed={seed}")
+    run.mkdir(parents=True)
+    res = {"name": name, "metric": "bpc", "seed": seed, "n_params": 916_000, "steps": 200,
+           "train_seconds": 30.0 + seed, "valid": {"bpc": bpc + 0.1}, "test": {"bpc": bpc}}
+    if rss is not None:
+        res["peak_rss_mb"] = rss
+    (run / "results.json").write_text(json.dumps(res))
+    (run / "metrics.jsonl").write_text("".join(
+        json.dumps({"step": 10 * (i + 1), "train/loss": 2.0, "train/tokens_per_s": t}) + "\n"
+        for i, t in enumerate(tok_s)) + json.dumps({"step": 200, "final_test/bpc": bpc}) + "\n")
+
+
+def test_report_from_run_directories(tmp_path):
+    root = tmp_path / "runs" / "sweeps" / "mini"
+    for seed, bpc in enumerate([2.00, 2.01, 1.99]):
+        fake_run(root, "mini_enwik_dense", seed, bpc, [900.0, 1000.0, 5000.0])
+        fake_run(root, "mini_enwik_moe", seed, bpc - 0.5, [2000.0], rss=400.0 + seed)
+    fake_run(root, "mini_enwik_moe", 0, 9.0, [1.0], overrides="ffn.k=2,trainer.seed=0")
+    text = mini_claims.main(["--runs", str(tmp_path / "runs")])
+    lines = text.splitlines()
+    assert "| Dense | 2.000 ± 0.010 (n=3) · 0.916M | — |" in lines
+    assert "| σ-MoE (ours) | 1.500 ± 0.010 (n=3) · 0.916M | — |" in lines
+    t = -0.5 / (0.01 * math.sqrt(2 / 3))
+    assert (f"| σ-MoE matches parameter-equal dense (Tab. moe) | {ENWIK} | holds (better) | "
+            f"-0.500 | -25.0% | 0.010 | {t:+.2f} |") in lines
+    assert f"| σ-MoE beats Switch (Tab. ablation) | {ENWIK} | missing | | | | |" in lines
+    # throughput: median tok/s, ratio to dense, mean train seconds, peak RSS when recorded
+    assert "| Dense | 1,000 | 1.00 | 31.0 | — | — | — | — | — |" in lines
+    assert "| σ-MoE (ours) | 2,000 | 2.00 | 31.0 | 401 |" in text
+    assert "mini_enwik_topk" in text.split("Missing runs:")[1]  # with the command to run it
+    assert "ffn.k=2" in text.split("Not counted")[1]
+    assert "9.000" not in text  # the run with other overrides is left out
+
+
+# -- the experiments and the sweep -------------------------------------------------------------
+@functools.cache
+def built(name: str) -> tuple[dict, int]:
+    cfg = compose_cfg([], name)
+    vocab = cfg["dataset"].get("vocab_size") or 205  # enwik: the 205 distinct bytes of enwik8
+    with torch.device("meta"):
+        return cfg, n_params(TransformerXL(build_model_config(cfg, vocab)))
+
+
+def test_every_variant_on_both_datasets():
+    assert MINI == sorted(mini_claims.exp_name(d, v) for d in mini_claims.DATASETS
+                          for v in mini_claims.VARIANTS)
+    rows = mini_claims.mini_rows(CONFIGS / "exp")
+    assert set(rows) == set(mini_claims.VARIANTS) and len(set(rows.values())) == len(rows)
+
+
+@pytest.mark.parametrize("name", MINI)
+def test_mini_experiment_is_parameter_matched_with_one_token_budget(name):
+    _, data, variant = name.split("_", 2)
+    cfg, count = built(name)
+    dense_cfg, dense = built(mini_claims.exp_name(data, "dense"))
+    assert cfg["name"] == name and cfg["dataset"]["kind"] == mini_claims.DATASETS[data]
+    assert cfg["model"] == {"d_model": 128, "n_layers": 4, "n_heads": 4, "head_dim": 32,
+                            "dropout": 0.1}  # configs/model/tiny.yaml
+    assert abs(count - dense) <= 0.02 * dense, f"{name}: {count} vs dense {dense}"
+    # the same training and evaluation for every variant: one token budget, one subset
+    assert cfg["task"] == dense_cfg["task"] and cfg["trainer"] == dense_cfg["trainer"]
+    assert cfg["trainer"]["steps"] * cfg["task"]["batch_size"] * cfg["task"]["context"] == 204_800
+    assert cfg["task"]["final_segments"] > 0 and cfg["trainer"]["val_every"] >= \
+        cfg["trainer"]["steps"]  # bounded evaluation, no periodic validation
+    assert cfg["paper"] == {"params_m": None, "entries": [
+        {"table": "mini", "row": mini_claims.mini_rows(CONFIGS / "exp")[variant],
+         "column": mini_claims.DATASETS[data], "value": None}]}
+
+    ffn, moe = cfg["ffn"], built(mini_claims.exp_name(data, "moe"))[0]["ffn"]
+    if variant in ("dense", "topk"):
+        assert ffn["d_ff"] == 518  # N_E * G + the selector, as the paper's 2053 for 2048
+    if variant.startswith("moe"):  # an ablation changes only its own keys of sigma-MoE
+        changed = {k for k in ffn if ffn[k] != moe[k]}
+        assert changed == {"moe": set(), "moe_softmax": {"selection"},
+                           "moe_softmax_renorm": {"selection"},
+                           "moe_standard_init": {"init"},
+                           "moe_no_reg": {"reg_gamma", "expert_dropout"} if moe["expert_dropout"]
+                           else {"reg_gamma"}}[variant]
+        assert ffn["n_experts"] * ffn["expert_size"] == 512 and ffn["k"] * 4 == ffn["n_experts"]
+    if variant in ("switch", "sbase"):
+        assert ffn["n_experts"] * ffn["expert_size"] == 512
+    if variant.startswith("pkm"):  # the sub-key count whose FFN size is nearest the dense one
+        d, per_layer = 128, lambda n: n * n * d + ffn["heads"] * n * d  # values + sub-keys
+        dense_layer = 2 * d * 518 + 518 + d
+        n = ffn["n_subkeys"]
+        assert abs(per_layer(n) - dense_layer) < min(abs(per_layer(n + s) - dense_layer)
+                                                     for s in (-1, 1))
+        assert ffn["activation"] == variant.split("_")[1] and ffn["k"] >= n
+
+
+def test_sweep_runs_every_mini_experiment_three_times_sequentially():
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base=None):
+        cfg = compose("config", overrides=["+sweep=mini"], return_hydra_config=True)
+    assert cfg.hydra.launcher._target_.endswith("BasicLauncher")  # one after another, here
+    assert cfg.sweep_name == "mini"
+    args = [f"{k}={v}" for k, v in cfg.hydra.sweeper.params.items()]
+    batches = BasicSweeper.split_arguments(OverridesParser.create().parse_overrides(args), None)
+    jobs = [dict(o.split("=", 1) for o in job) for batch in batches for job in batch]
+    got = sorted((j["+exp"], j["trainer.seed"]) for j in jobs)
+    assert got == sorted((e, s) for e in MINI for s in "012")
