@@ -1,15 +1,113 @@
-"""MoE expert kernels (CVMM). Importable with torch (+ triton) alone: no Hydra here.
+"""MoE expert kernels (CVMM, paper App. "A Few Words on the CUDA Kernel", Eq. `moe_out`).
 
-`moe_mlp` is the one entry point the FFN variants call; for now it is the plain PyTorch
-reference (the fast paths land with the kernel issue).
+Importable with torch alone (Triton optional, no GPU needed): no Hydra here.
+
+    y_t = sum_k gate[t,k] * W2[e_tk]^T dropout(relu(W1[e_tk]^T x_t))
+
+`moe_mlp` is the one entry point the FFN variants call. Backends:
+    auto            triton on CUDA (triton_unfused when hidden dropout is active), else
+                    grouped_mm on CUDA when applicable, else torch
+    triton          fused Triton kernels (kernels/triton_ops.py); no hidden dropout
+    triton_unfused  standalone Triton CVMM ops, ReLU/dropout/gate in PyTorch
+    grouped_mm      torch._grouped_mm (kernels/grouped_mm.py)
+    torch           fast plain-PyTorch path, the CPU default (kernels/torch_path.py)
+    reference       the per-expert loop everything is tested against (kernels/reference.py)
+An unknown backend, or one that cannot run on the given inputs, is a ValueError.
 """
+from __future__ import annotations
+
+import torch
+
+from kernels.grouped_mm import grouped_mm_problem, moe_mlp_grouped_mm
 from kernels.reference import moe_mlp_reference
+from kernels.routing import Routing, make_routing
+from kernels.torch_path import cpu_chunks, moe_mlp_torch
+
+try:  # Triton is optional: without it (or without a GPU) everything but "triton*" works
+    from kernels import triton_ops
+    from kernels.triton_launch import INTERPRET as TRITON_INTERPRET
+
+    HAS_TRITON, _TRITON_ERROR = True, ""
+except ImportError as err:  # pragma: no cover - depends on the install
+    triton_ops, TRITON_INTERPRET = None, False
+    HAS_TRITON, _TRITON_ERROR = False, str(err)
+
+BACKENDS = ("auto", "triton", "triton_unfused", "grouped_mm", "torch", "reference")
+_TRITON_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def backend_problem(backend: str, x_TD: torch.Tensor, w1_EDG: torch.Tensor,
+                    dropout: bool = False) -> str | None:
+    """Why `backend` cannot run on these inputs (None: it can). `dropout`: active in training."""
+    if backend in ("triton", "triton_unfused"):
+        if not HAS_TRITON:
+            return f"Triton is not importable ({_TRITON_ERROR})"
+        if not (x_TD.is_cuda or TRITON_INTERPRET):
+            return ("it needs CUDA tensors, or TRITON_INTERPRET=1 set before `kernels` is "
+                    "imported (CPU tests)")
+        if x_TD.dtype not in _TRITON_DTYPES:
+            return f"dtype {x_TD.dtype} (needs float32, float16 or bfloat16)"
+        if backend == "triton" and dropout:
+            return "the fused kernels cannot apply hidden_dropout: use 'triton_unfused'"
+        return None
+    if backend == "grouped_mm":
+        return grouped_mm_problem(x_TD, w1_EDG)
+    if backend in ("torch", "reference"):
+        return None
+    raise ValueError(f"unknown moe_mlp backend {backend!r}: choose one of {BACKENDS}")
+
+
+def resolve_backend(backend: str, x_TD: torch.Tensor, w1_EDG: torch.Tensor,
+                    dropout: bool = False) -> str:
+    """The concrete backend `moe_mlp` runs for `backend` on these inputs."""
+    if backend == "auto":
+        if x_TD.is_cuda:
+            triton = "triton_unfused" if dropout else "triton"
+            for name in (triton, "grouped_mm"):
+                if backend_problem(name, x_TD, w1_EDG, dropout) is None:
+                    return name
+        return "torch"
+    problem = backend_problem(backend, x_TD, w1_EDG, dropout)
+    if problem is not None:
+        raise ValueError(f"moe_mlp backend {backend!r} cannot run on these inputs: {problem}")
+    return backend
+
+
+def _compute_dtype(x_TD: torch.Tensor) -> torch.dtype:
+    # under autocast the custom ops would see mixed dtypes: compute in the autocast dtype
+    if torch.is_autocast_enabled(x_TD.device.type):
+        return torch.get_autocast_dtype(x_TD.device.type)
+    return x_TD.dtype
 
 
 def moe_mlp(x_TD, expert_TK, gate_TK, w1_EDG, w2_EGD, hidden_dropout=0.0, training=False,
             backend="auto"):
-    """y_t = sum_k gate[t,k] * W2[e_tk]^T dropout(relu(W1[e_tk]^T x_t)); see reference.py."""
-    return moe_mlp_reference(x_TD, expert_TK, gate_TK, w1_EDG, w2_EGD, hidden_dropout, training)
+    """y_t = sum_k gate[t,k] * W2[e_tk]^T dropout(relu(W1[e_tk]^T x_t)).
+
+    x_TD [T, D], expert_TK int [T, K], gate_TK [T, K], w1_EDG [E, D, G], w2_EGD [E, G, D].
+    """
+    dropout = bool(training) and hidden_dropout > 0
+    name = resolve_backend(backend, x_TD, w1_EDG, dropout)
+    if name == "reference":
+        return moe_mlp_reference(x_TD, expert_TK, gate_TK, w1_EDG, w2_EGD, hidden_dropout,
+                                 training)
+    dtype = _compute_dtype(x_TD)
+    x_TD, gate_TK, w1_EDG, w2_EGD = (t.to(dtype) for t in (x_TD, gate_TK, w1_EDG, w2_EGD))
+    # the torch path gives each worker thread a token chunk of its own (kernels/routing.py)
+    chunks = cpu_chunks() if name == "torch" and not x_TD.is_cuda else 1
+    routing = make_routing(expert_TK, w1_EDG.shape[0], chunks)
+    p = hidden_dropout if dropout else 0.0
+    if name == "triton":
+        return triton_ops.moe_mlp_triton(x_TD, gate_TK, w1_EDG, w2_EGD, routing)
+    if name == "triton_unfused":
+        return triton_ops.moe_mlp_triton_unfused(x_TD, gate_TK, w1_EDG, w2_EGD, routing, p,
+                                                 dropout)
+    if name == "grouped_mm":
+        return moe_mlp_grouped_mm(x_TD, gate_TK, w1_EDG, w2_EGD, routing, p, dropout)
+    return moe_mlp_torch(x_TD, gate_TK, w1_EDG, w2_EGD, routing, p, dropout)
 
 
-__all__ = ["moe_mlp", "moe_mlp_reference"]
+__all__ = [
+    "BACKENDS", "HAS_TRITON", "Routing", "backend_problem", "make_routing", "moe_mlp",
+    "moe_mlp_reference", "resolve_backend",
+]

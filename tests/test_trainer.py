@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from framework.checkpoint import list_checkpoints
+from framework.config import ConfigError
 from framework.trainer import Trainer
 from tasks import TASKS
 from tests.helpers import TINY, TINY_MOE, compose_cfg
@@ -72,3 +73,15 @@ def test_checkpoint_holds_everything_needed(tmp_path):
     assert state["task"]["batcher"] == {"epoch": 0, "step_in_epoch": 4}
     assert len(state["task"]["mems"]) == 2 and state["task"]["mems"][0].shape == (4, 32, 32)
     assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_eval_mode_reevaluates_the_last_checkpoint(tmp_path):
+    cfg = compose_cfg([*TINY, *TINY_MOE, "trainer.steps=3", "trainer.ckpt_every=3"])
+    trained = RUN(cfg, tmp_path)
+    (tmp_path / "results.json").unlink()
+    evaluated = RUN({**cfg, "mode": "eval"}, tmp_path)
+    assert evaluated["steps"] == 3
+    assert evaluated["valid"] == trained["valid"] and evaluated["test"] == trained["test"]
+    assert json.loads((tmp_path / "results.json").read_text())["test"] == trained["test"]
+    with pytest.raises(ConfigError, match="no checkpoint"):
+        RUN({**cfg, "mode": "eval"}, tmp_path / "empty")

@@ -1,0 +1,77 @@
+"""Routing of the CVMM kernel (paper App. "A Few Words on the CUDA Kernel").
+
+The K expert ids of every token are flattened into R = T*K rows and sorted once per
+layer; every projection, forward and backward, reuses that one sort:
+
+    key(t, k) = (e_tk * C + chunk(t)) * K + k     (stable: each segment keeps token order)
+
+C = 1 for the GPU kernels. Then the rows of expert e are contiguous, `off[e*K] :
+off[(e+1)*K]` (what the matrix products and the weight gradients walk), and inside it the
+rows of slot k are `off[e*K+k] : off[e*K+k+1]` (one "segment"). A slot holds every token
+exactly once, so writing the outputs of one slot at a time scatters rows back to their
+tokens with no two rows hitting the same token: that is how the fused down-projection sums
+the K expert outputs of a token in a fixed order, without atomics and without a T*K*D
+buffer. The CPU torch path uses C > 1 token chunks (chunk(t) = t*C // T), one per worker
+thread: rows of (expert e, chunk c) are contiguous and only touch the tokens of chunk c, so
+workers never write the same output row.
+
+Only tensor ops of static shape (sort, searchsorted), so `torch.compile` traces it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Routing:
+    order_R: torch.Tensor  # int64 [R]: flat index t*K + k of sorted row r
+    tok_R: torch.Tensor  # int32 [R]: token of sorted row r (= order_R // K)
+    off_S: torch.Tensor  # int32 [E*C*K + 1]: first row of segment (e, c, k); off_S[-1] = R
+    n_tokens: int  # T
+    n_experts: int  # E
+    k: int  # K
+    n_chunks: int = 1  # C
+
+    @property
+    def n_rows(self) -> int:
+        return self.n_tokens * self.k
+
+    def expert_offsets(self) -> torch.Tensor:
+        """int64 [E + 1]: rows of expert e are off[e] : off[e + 1]."""
+        return self.off_S[:: self.n_chunks * self.k].long()
+
+    def inverse_R(self) -> torch.Tensor:
+        """int64 [R]: sorted row of flat index t*K + k (the inverse permutation of order_R)."""
+        inv = torch.empty_like(self.order_R)
+        return inv.scatter_(0, self.order_R, torch.arange(self.n_rows, device=inv.device))
+
+
+def make_routing(expert_TK: torch.Tensor, n_experts: int, n_chunks: int = 1) -> Routing:
+    """Sort the (token, slot) rows by (expert, token chunk, slot); see the module docstring."""
+    T, K = expert_TK.shape
+    dev = expert_TK.device
+    chunk_T = torch.arange(T, device=dev) * n_chunks // max(T, 1)
+    key_TK = (expert_TK.long() * n_chunks + chunk_T[:, None]) * K + torch.arange(K, device=dev)
+    sorted_key_R, order_R = torch.sort(key_TK.reshape(-1), stable=True)
+    # first sorted row of every segment: static shape, unlike bincount(minlength)
+    bounds = torch.arange(n_experts * n_chunks * K + 1, device=dev)
+    off_S = torch.searchsorted(sorted_key_R, bounds).to(torch.int32)
+    tok_R = torch.div(order_R, K, rounding_mode="floor").to(torch.int32)
+    return Routing(order_R, tok_R, off_S, T, n_experts, K, n_chunks)
+
+
+def routing_reference(expert_TK: torch.Tensor, n_experts: int, n_chunks: int = 1) -> Routing:
+    """Same routing by an obvious Python loop: the test oracle of `make_routing`."""
+    T, K = expert_TK.shape
+    rows = sorted((int(expert_TK[t, k]), t * n_chunks // T, k, t)
+                  for t in range(T) for k in range(K))
+    order = torch.tensor([t * K + k for _, _, k, t in rows], dtype=torch.int64)
+    off = [0] * (n_experts * n_chunks * K + 1)
+    for e, c, k, _ in rows:
+        off[(e * n_chunks + c) * K + k + 1] += 1
+    off_S = torch.tensor(off, dtype=torch.int64).cumsum(0).to(torch.int32)
+    tok = (order // K).to(torch.int32)
+    dev = expert_TK.device
+    return Routing(order.to(dev), tok.to(dev), off_S.to(dev), T, n_experts, K, n_chunks)

@@ -1,0 +1,85 @@
+"""Compile the CVMM kernels (paper Eq. `cvmm`) for a GPU target on a machine without one.
+
+The Triton interpreter (the CPU tests) runs the kernels but never compiles them: it accepts
+code that real Triton rejects. This compiles every kernel variant the layer launches down to
+a cubin for sm_90 (Hopper), with the specialisations a real launch gets (unit strides
+become constants, pointers and row strides are 16-byte aligned), and reports what matters
+for speed: shared memory, whether the products use wgmma and whether the K loop is
+software-pipelined (cp.async).
+
+    python -m kernels.triton_aot            # JSON lines, one per kernel variant
+
+Must run without TRITON_INTERPRET (the interpreter replaces triton.language).
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+
+def variants(dt: str = "bf16"):
+    """(kernel name, constexprs, unit-stride args, 16-divisible args, pointer types)."""
+    base = {"DOT_F32": dt == "fp32", "PRECISION": "tf32",
+            "BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64}
+    g_ptr = {"a_ptr": dt, "w_ptr": dt, "c_ptr": dt, "tok_ptr": "i32", "off_ptr": "i32",
+             "h_ptr": dt, "gate_ptr": dt, "order_ptr": "i64", "gpart_ptr": "fp32"}
+    s_ptr = {"a_ptr": dt, "w_ptr": dt, "y_ptr": dt, "tok_ptr": "i32", "off_ptr": "i32",
+             "scale_ptr": dt, "order_ptr": "i64"}
+    w_div = ["M", "N", "stride_am", "stride_bm", "stride_we", "stride_wm"]
+    w_ptr = {"a_ptr": dt, "b_ptr": dt, "dw_ptr": dt, "tok_ptr": "i32", "off_ptr": "i32",
+             "scale_ptr": dt, "order_ptr": "i64"}
+    return [
+        # up-projection + ReLU: x [T, D], W1[e, d, g]
+        ("gather_mm_kernel", {**base, "GATHER": True, "EPILOGUE": 1, "SEG_P2": 128},
+         ["stride_ak", "stride_wn", "stride_cn"],
+         ["N", "KD", "stride_am", "stride_we", "stride_wk", "stride_cm"], g_ptr),
+        # fused backward of gate*ReLU: dy [T, D], W = W2^T (unit stride along k)
+        ("gather_mm_kernel", {**base, "GATHER": True, "EPILOGUE": 2, "SEG_P2": 128},
+         ["stride_ak", "stride_wk", "stride_cn"],
+         ["N", "KD", "stride_am", "stride_we", "stride_wn", "stride_cm"], g_ptr),
+        # gate-scaled down-projection of one slot: h [R, G], W2[e, g, d]
+        ("scatter_mm_kernel", {**base, "HAS_SCALE": True, "ACCUMULATE": True, "SEG_P2": 32},
+         ["stride_ak", "stride_wn", "stride_yn"],
+         ["N", "KD", "stride_am", "stride_we", "stride_wk", "stride_ym"], s_ptr),
+        # dx of one slot: d pre-ReLU [R, G], W = W1^T
+        ("scatter_mm_kernel", {**base, "HAS_SCALE": False, "ACCUMULATE": False, "SEG_P2": 32},
+         ["stride_ak", "stride_wk", "stride_yn"],
+         ["N", "KD", "stride_am", "stride_we", "stride_wn", "stride_ym"], s_ptr),
+        # dW2 = (gate h)^T dy[tok]  and  dW1 = x[tok]^T d pre-ReLU
+        ("wgrad_kernel", {**base, "GATHER_A": False, "GATHER_B": True, "HAS_SCALE": True},
+         ["stride_ak", "stride_bn", "stride_wn"], w_div, w_ptr),
+        ("wgrad_kernel", {**base, "GATHER_A": True, "GATHER_B": False, "HAS_SCALE": False},
+         ["stride_ak", "stride_bn", "stride_wn"], w_div, w_ptr),
+    ]
+
+
+def compile_all(dt: str = "bf16", capability: int = 90, warps: int = 8, stages: int = 4):
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from kernels import triton_cvmm
+
+    target = GPUTarget("cuda", capability, 32)
+    for name, cex, ones, div16, ptrs in variants(dt):
+        fn = getattr(triton_cvmm, name)
+        names = fn.arg_names
+        cex = {**cex, **{n: 1 for n in ones}}
+        sig = {n: "constexpr" if n in cex else (f"*{ptrs[n]}" if n in ptrs else "i32")
+               for n in names}
+        attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in [*ptrs, *div16]}
+        compiled = triton.compile(ASTSource(fn, sig, cex, attrs), target=target,
+                                  options={"num_warps": warps, "num_stages": stages})
+        ttgir = compiled.asm["ttgir"]
+        yield {"kernel": name, "variant": {k: v for k, v in cex.items() if k.isupper()},
+               "shared_bytes": compiled.metadata.shared,
+               "wgmma": ttgir.count("warp_group_dot "),
+               "async_copies": ttgir.count("async_copy_global_to_local")}
+
+
+if __name__ == "__main__":
+    if os.environ.get("TRITON_INTERPRET", "0") == "1":
+        sys.exit("unset TRITON_INTERPRET: the interpreter cannot compile")
+    for report in compile_all(*sys.argv[1:2]):
+        print(json.dumps(report), flush=True)

@@ -1,0 +1,243 @@
+"""Triton kernels of the CVMM (paper App. "A Few Words on the CUDA Kernel", Eq. `cvmm`).
+
+    cvmm(V, S, M)[n, l] = sum_m V[n, m] M[S[n], m, l]
+
+on rows sorted by expert (kernels/routing.py). Three kernels cover the whole sigma-MoE
+layer (Eq. `moe_out`) and its backward:
+
+- `gather_mm_kernel`: C[r] = epilogue(A[tok[r]] @ W[e_r]) -- the input-row gather is fused
+  into the load (A is token-indexed, C is in sorted order). Epilogues: none, ReLU (fused
+  up-projection), or the fused backward of gate*relu (d gate partial sums, d pre-ReLU).
+- `scatter_mm_kernel`: Y[tok[r]] (+)= scale_r * (A[r] @ W[e_r]) for the rows of ONE slot k.
+  Launched for k = 0..K-1 in order: inside a slot every token occurs once, so the K expert
+  outputs of a token are summed in a fixed order, in place, with no atomics and no
+  T*K*D buffer (the down-projection, and the input gradient of any gathered CVMM).
+- `wgrad_kernel`: dW[e] = sum_{r of e} (scale_r A[ia_r])^T B[ib_r]. One program owns one
+  (expert, output tile) and walks that expert's rows in order: deterministic, no atomics
+  (the original and its Triton successor used atomics).
+
+Weights come in as W[e, k, n] with arbitrary strides, so W^T (the input gradients) is a
+stride swap, not a copy. Accumulation is fp32; DOT_F32 upcasts the tiles (fp32 inputs, and
+the interpreter, which computes bf16 dots wrongly).
+"""
+import os
+
+import triton
+import triton.language as tl
+
+EPI_NONE, EPI_RELU, EPI_GATE_RELU_BWD = 0, 1, 2
+
+
+def _segment_tile(pid_m, off_ptr, n_seg, seg_stride, seg_first, reverse,
+                  BLOCK_M: tl.constexpr, SEG_P2: tl.constexpr):
+    """Row tile number pid_m of the segments s < n_seg, each cut into BLOCK_M-row tiles.
+
+    Segment s spans rows off[s*seg_stride + seg_first] : off[s*seg_stride + seg_first + 1]
+    (one (expert, slot) segment of kernels/routing.py). Tiles are numbered round by round --
+    tile 0 of every segment, then tile 1 of every segment, ... -- so the programs running at
+    the same time cover the same token range in every expert and slot (rows are token-sorted
+    inside a segment): L2 serves each gathered x / dy row once for its K uses, and the slot
+    kernel's output rows are written by programs close in time. `reverse` numbers from the
+    end: alternate slots of the scatter kernel first re-read the output rows that the
+    previous slot wrote last (still in L2). Computed in-kernel (no host-side tile table) so
+    that BLOCK_M can be autotuned; the binary search takes log2(tiles per segment) steps.
+    -> (s, first row of the tile, end row of s); s == n_seg when there is no such tile.
+    """
+    s = tl.arange(0, SEG_P2)
+    valid = s < n_seg
+    start = tl.load(off_ptr + s * seg_stride + seg_first, mask=valid, other=0)
+    end = tl.load(off_ptr + s * seg_stride + seg_first + 1, mask=valid, other=0)
+    n_blk = tl.where(valid, (end - start + BLOCK_M - 1) // BLOCK_M, 0)
+    total = tl.sum(n_blk, 0)
+    pid_m = pid_m + reverse * (total - 1 - 2 * pid_m)  # arithmetic: `reverse` may be constexpr
+    # round j = the largest j with sum_s min(n_blk[s], j) <= pid_m: binary search on [lo, hi)
+    lo = pid_m * 0
+    hi = tl.max(n_blk, 0)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        go = tl.sum(tl.minimum(n_blk, mid), 0) <= pid_m
+        lo = tl.where(go, mid, lo)
+        hi = tl.where(go, hi, mid)
+    # within round lo: the rank-th segment that still has a tile
+    rank = pid_m - tl.sum(tl.minimum(n_blk, lo), 0)
+    seg = tl.sum((tl.cumsum((n_blk > lo).to(tl.int32), 0) <= rank).to(tl.int32), 0)
+    here = s == seg
+    row0 = tl.sum(tl.where(here, start, 0), 0) + lo * BLOCK_M
+    row_end = tl.sum(tl.where(here, end, 0), 0)
+    seg = tl.where((pid_m >= 0) & (pid_m < total), seg, n_seg)
+    return seg, row0, row_end
+
+
+# The interpreter re-patches triton.language at every call of a @triton.jit helper (~0.3 ms,
+# a third of the CPU tests' time); there the helper runs as the plain Python it is.
+if os.environ.get("TRITON_INTERPRET", "0") != "1":
+    _segment_tile = triton.jit(_segment_tile)
+
+
+@triton.jit
+def gather_mm_kernel(
+    a_ptr, w_ptr, c_ptr, tok_ptr, off_ptr,
+    h_ptr, gate_ptr, order_ptr, gpart_ptr,  # EPI_GATE_RELU_BWD only
+    n_exp, n_slots, N, KD, stride_gpart,
+    stride_am, stride_ak, stride_we, stride_wk, stride_wn, stride_cm, stride_cn,
+    GATHER: tl.constexpr, EPILOGUE: tl.constexpr, DOT_F32: tl.constexpr,
+    PRECISION: tl.constexpr, SEG_P2: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """C[r, :] = epilogue(A[tok[r] if GATHER else r, :] @ W[e_r]), r over expert segments.
+
+    EPI_GATE_RELU_BWD: the product is d loss/d(gate*h); with h (same layout as C) and the
+    gate it stores C = d loss/d pre-ReLU and the partial d gate of this column tile.
+    """
+    pid = tl.program_id(0)
+    n_tiles_n = tl.cdiv(N, BLOCK_N)
+    pid_n = pid % n_tiles_n  # N tiles innermost: neighbours share the A rows in L2
+    pid_m = pid // n_tiles_n
+    # slot segments (not whole experts): tiles of all K slots of a token range run together
+    seg, row0, row_end = _segment_tile(pid_m, off_ptr, n_exp * n_slots, 1, 0, 0, BLOCK_M,
+                                       SEG_P2)
+    if seg >= n_exp * n_slots:
+        return
+    e = seg // n_slots
+    rows = row0 + tl.arange(0, BLOCK_M)
+    row_ok = rows < row_end
+    if GATHER:
+        a_rows = tl.load(tok_ptr + rows, mask=row_ok, other=0).to(tl.int64)
+    else:
+        a_rows = rows.to(tl.int64)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_ok = cols < N
+    ks = tl.arange(0, BLOCK_K)
+    a_ptrs = a_ptr + a_rows[:, None] * stride_am + ks[None, :] * stride_ak
+    w_ptrs = (w_ptr + e.to(tl.int64) * stride_we
+              + ks[:, None] * stride_wk + cols[None, :] * stride_wn)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, KD, BLOCK_K):
+        k_ok = ks < KD - k0
+        a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+        w = tl.load(w_ptrs, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
+        if DOT_F32:
+            a = a.to(tl.float32)
+            w = w.to(tl.float32)
+        acc = tl.dot(a, w, acc, input_precision=PRECISION)
+        a_ptrs += BLOCK_K * stride_ak
+        w_ptrs += BLOCK_K * stride_wk
+    rows64 = rows.to(tl.int64)
+    mask = row_ok[:, None] & col_ok[None, :]
+    c_off = rows64[:, None] * stride_cm + cols[None, :] * stride_cn
+    if EPILOGUE == 1:
+        acc = tl.maximum(acc, 0.0)
+    if EPILOGUE == 2:
+        h = tl.load(h_ptr + c_off, mask=mask, other=0.0).to(tl.float32)
+        flat = tl.load(order_ptr + rows, mask=row_ok, other=0)
+        g = tl.load(gate_ptr + flat, mask=row_ok, other=0.0).to(tl.float32)
+        # d gate = <d(gate*h)_r, h_r> over this column tile, stored at the row's flat index
+        # t*K+k; the caller adds the tiles in a fixed order (deterministic, no atomics)
+        tl.store(gpart_ptr + pid_n * stride_gpart + flat, tl.sum(acc * h, 1), mask=row_ok)
+        # h > 0 is the ReLU mask (and the dropout mask, when h was dropped out)
+        acc = tl.where(h > 0, acc * g[:, None], 0.0)
+    tl.store(c_ptr + c_off, acc.to(c_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def scatter_mm_kernel(
+    a_ptr, w_ptr, y_ptr, tok_ptr, off_ptr, scale_ptr, order_ptr,
+    n_exp, n_slots, slot, N, KD,
+    stride_am, stride_ak, stride_we, stride_wk, stride_wn, stride_ym, stride_yn,
+    HAS_SCALE: tl.constexpr, ACCUMULATE: tl.constexpr, DOT_F32: tl.constexpr,
+    PRECISION: tl.constexpr, SEG_P2: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """Y[tok[r], :] (+)= scale[order[r]] * (A[r, :] @ W[e_r]) for the rows r of one slot."""
+    pid = tl.program_id(0)
+    n_tiles_n = tl.cdiv(N, BLOCK_N)
+    pid_n = pid % n_tiles_n
+    pid_m = pid // n_tiles_n
+    e, row0, row_end = _segment_tile(pid_m, off_ptr, n_exp, n_slots, slot, slot % 2,
+                                     BLOCK_M, SEG_P2)
+    if e >= n_exp:
+        return
+    rows = row0 + tl.arange(0, BLOCK_M)
+    row_ok = rows < row_end
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_ok = cols < N
+    ks = tl.arange(0, BLOCK_K)
+    a_ptrs = a_ptr + rows.to(tl.int64)[:, None] * stride_am + ks[None, :] * stride_ak
+    w_ptrs = (w_ptr + e.to(tl.int64) * stride_we
+              + ks[:, None] * stride_wk + cols[None, :] * stride_wn)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, KD, BLOCK_K):
+        k_ok = ks < KD - k0
+        a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+        w = tl.load(w_ptrs, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
+        if DOT_F32:
+            a = a.to(tl.float32)
+            w = w.to(tl.float32)
+        acc = tl.dot(a, w, acc, input_precision=PRECISION)
+        a_ptrs += BLOCK_K * stride_ak
+        w_ptrs += BLOCK_K * stride_wk
+    if HAS_SCALE:
+        flat = tl.load(order_ptr + rows, mask=row_ok, other=0)
+        acc = acc * tl.load(scale_ptr + flat, mask=row_ok, other=0.0).to(tl.float32)[:, None]
+    out_rows = tl.load(tok_ptr + rows, mask=row_ok, other=0).to(tl.int64)
+    y_ptrs = y_ptr + out_rows[:, None] * stride_ym + cols[None, :] * stride_yn
+    mask = row_ok[:, None] & col_ok[None, :]
+    if ACCUMULATE:  # slots before this one already wrote these tokens; no other program does
+        acc += tl.load(y_ptrs, mask=mask, other=0.0).to(tl.float32)
+    tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def wgrad_kernel(
+    a_ptr, b_ptr, dw_ptr, tok_ptr, off_ptr, scale_ptr, order_ptr,
+    n_slots, M, N,
+    stride_am, stride_ak, stride_bm, stride_bn, stride_we, stride_wm, stride_wn,
+    GATHER_A: tl.constexpr, GATHER_B: tl.constexpr, HAS_SCALE: tl.constexpr,
+    DOT_F32: tl.constexpr, PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """dW[e, m, n] = sum over rows r of expert e of scale_r * A[ia_r, m] * B[ib_r, n].
+
+    Rows are walked in sorted order by the one program that owns the output tile, so the
+    sum has a fixed order. An expert with no rows gets an exact zero.
+    """
+    pid = tl.program_id(0)
+    e = tl.program_id(1)
+    n_tiles_n = tl.cdiv(N, BLOCK_N)
+    pid_m = pid // n_tiles_n
+    pid_n = pid % n_tiles_n
+    start = tl.load(off_ptr + e * n_slots)
+    end = tl.load(off_ptr + (e + 1) * n_slots)
+    ms = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    ns = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    m_ok = ms < M
+    n_ok = ns < N
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for r0 in range(start, end, BLOCK_K):
+        rows = r0 + tl.arange(0, BLOCK_K)
+        r_ok = rows < end
+        if GATHER_A:
+            ra = tl.load(tok_ptr + rows, mask=r_ok, other=0).to(tl.int64)
+        else:
+            ra = rows.to(tl.int64)
+        if GATHER_B:
+            rb = tl.load(tok_ptr + rows, mask=r_ok, other=0).to(tl.int64)
+        else:
+            rb = rows.to(tl.int64)
+        at = tl.load(a_ptr + ra[None, :] * stride_am + ms[:, None] * stride_ak,
+                     mask=m_ok[:, None] & r_ok[None, :], other=0.0)  # [BLOCK_M, BLOCK_K]
+        b = tl.load(b_ptr + rb[:, None] * stride_bm + ns[None, :] * stride_bn,
+                    mask=r_ok[:, None] & n_ok[None, :], other=0.0)  # [BLOCK_K, BLOCK_N]
+        if HAS_SCALE:
+            flat = tl.load(order_ptr + rows, mask=r_ok, other=0)
+            s = tl.load(scale_ptr + flat, mask=r_ok, other=0.0).to(tl.float32)
+            at = at.to(tl.float32) * s[None, :]
+            if not DOT_F32:
+                at = at.to(b.dtype)  # back to 16 bits for the tensor cores, like gate*h
+        if DOT_F32:
+            at = at.to(tl.float32)
+            b = b.to(tl.float32)
+        acc = tl.dot(at, b, acc, input_precision=PRECISION)
+    dw_ptrs = (dw_ptr + e.to(tl.int64) * stride_we
+               + ms[:, None] * stride_wm + ns[None, :] * stride_wn)
+    tl.store(dw_ptrs, acc.to(dw_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])

@@ -1,0 +1,146 @@
+"""Launchers of the CVMM Triton kernels (kernels/triton_cvmm.py, paper Eq. `cvmm`).
+
+Block sizes are autotuned per (N, KD) (and, by Triton, per dtype) on a GPU. Under
+TRITON_INTERPRET=1 (CPU tests) autotune is skipped -- it would time every config in the
+interpreter -- and one small block config runs, with every tile upcast to fp32.
+
+Shapes: tok_R int32 [R], off_S int32 [E*K+1] (kernels/routing.py), W[e, k, n] any strides.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+
+from kernels.triton_cvmm import (
+    EPI_GATE_RELU_BWD,
+    EPI_NONE,
+    EPI_RELU,
+    gather_mm_kernel,
+    scatter_mm_kernel,
+    wgrad_kernel,
+)
+
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+_INTERPRET_BLOCKS = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16}
+
+
+def _cfg(bm, bn, bk, warps, stages):
+    return triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk},
+                         num_warps=warps, num_stages=stages)
+
+
+# rows x columns x reduction; G = 64..512 and d_model = 256..4096 are the shapes that matter.
+# Few configs: each is compiled for every kernel variant the first time it runs.
+_MM_CONFIGS = [
+    _cfg(128, 128, 64, 8, 4), _cfg(128, 128, 32, 4, 4), _cfg(128, 64, 64, 4, 4),
+    _cfg(64, 128, 64, 4, 4), _cfg(128, 256, 64, 8, 3), _cfg(64, 64, 64, 4, 3),
+]
+# output tile (M x N of one expert's dW) x rows walked per step
+_WGRAD_CONFIGS = [
+    _cfg(128, 128, 64, 8, 4), _cfg(128, 128, 32, 4, 4), _cfg(64, 128, 64, 4, 4),
+    _cfg(128, 64, 64, 4, 4),
+]
+_MIN_BLOCK_N = 16 if INTERPRET else min(c.kwargs["BLOCK_N"] for c in _MM_CONFIGS)
+
+if INTERPRET:
+    _gather_mm, _scatter_mm, _wgrad = gather_mm_kernel, scatter_mm_kernel, wgrad_kernel
+else:
+    _gather_mm = triton.autotune(_MM_CONFIGS, key=["N", "KD", "GATHER", "EPILOGUE"])(
+        gather_mm_kernel)
+    # the slot kernel reads what it writes: every timing trial must start from the same Y
+    _scatter_mm = triton.autotune(_MM_CONFIGS, key=["N", "KD", "HAS_SCALE"],
+                                  restore_value=["y_ptr"])(scatter_mm_kernel)
+    _wgrad = triton.autotune(_WGRAD_CONFIGS, key=["M", "N", "GATHER_A", "GATHER_B", "HAS_SCALE"])(
+        wgrad_kernel)
+
+
+def _blocks() -> dict:
+    return dict(_INTERPRET_BLOCKS) if INTERPRET else {}
+
+
+def _dot_args(dtype: torch.dtype) -> dict:
+    if INTERPRET:
+        return {"DOT_F32": True, "PRECISION": "ieee"}
+    if dtype == torch.float32:
+        tf32 = torch.backends.cuda.matmul.allow_tf32
+        return {"DOT_F32": True, "PRECISION": "tf32" if tf32 else "ieee"}
+    return {"DOT_F32": False, "PRECISION": "tf32"}  # 16-bit tiles: tensor cores, fp32 acc
+
+
+def _seg_p2(n_exp: int) -> int:
+    return max(2, triton.next_power_of_2(n_exp))
+
+
+def _n_slots(off_S: torch.Tensor, n_exp: int) -> int:
+    return (off_S.numel() - 1) // n_exp
+
+
+def gather_mm(a, w_EKN, tok_R, off_S, gather=True, epilogue=EPI_NONE,
+              h=None, gate=None, order_R=None):
+    """C[r] = epi(A[tok[r] if gather else r] @ W[e_r]) -> C [R, N] (and d gate partials)."""
+    E, KD, N = w_EKN.shape
+    R = tok_R.numel()
+    c = torch.empty(R, N, dtype=a.dtype, device=a.device)
+    gpart = None
+    if epilogue == EPI_GATE_RELU_BWD:
+        assert h is not None and h.stride() == c.stride(), "h must be a contiguous [R, N]"
+        gpart = torch.zeros(triton.cdiv(N, _MIN_BLOCK_N), R, dtype=torch.float32,
+                            device=a.device)
+    dummy = c  # pointer arguments the chosen epilogue never reads
+    grid = lambda META: (  # noqa: E731
+        (triton.cdiv(R, META["BLOCK_M"]) + off_S.numel() - 1) * triton.cdiv(N, META["BLOCK_N"]),)
+    _gather_mm[grid](
+        a, w_EKN, c, tok_R, off_S,
+        h if h is not None else dummy, gate if gate is not None else dummy,
+        order_R if order_R is not None else tok_R, gpart if gpart is not None else dummy,
+        E, _n_slots(off_S, E), N, KD, R,
+        a.stride(0), a.stride(1), *w_EKN.stride(), c.stride(0), c.stride(1),
+        GATHER=gather, EPILOGUE=epilogue, SEG_P2=_seg_p2(off_S.numel() - 1),
+        **_dot_args(a.dtype), **_blocks(),
+    )
+    return c if gpart is None else (c, gpart)
+
+
+def scatter_mm(a_RK, w_EKN, tok_R, off_S, n_tokens, scale=None, order_R=None):
+    """Y[t] = sum over the K rows r of token t of scale_r * (A[r] @ W[e_r]) -> Y [T, N].
+
+    One launch per slot, in slot order, each adding onto the last: a fixed summation order.
+    Y is accumulated in A's dtype (like the per-expert reference's index_add).
+    """
+    E, KD, N = w_EKN.shape
+    K = _n_slots(off_S, E)
+    y = torch.empty(n_tokens, N, dtype=a_RK.dtype, device=a_RK.device)
+    grid = lambda META: (  # noqa: E731
+        (triton.cdiv(n_tokens, META["BLOCK_M"]) + E) * triton.cdiv(N, META["BLOCK_N"]),)
+    for slot in range(K):
+        _scatter_mm[grid](
+            a_RK, w_EKN, y, tok_R, off_S,
+            scale if scale is not None else y, order_R if order_R is not None else tok_R,
+            E, K, slot, N, KD,
+            a_RK.stride(0), a_RK.stride(1), *w_EKN.stride(), y.stride(0), y.stride(1),
+            HAS_SCALE=scale is not None, ACCUMULATE=slot > 0, SEG_P2=_seg_p2(E),
+            **_dot_args(a_RK.dtype), **_blocks(),
+        )
+    return y
+
+
+def wgrad(a, b, tok_R, off_S, n_exp, gather_a, gather_b, scale=None, order_R=None, dtype=None):
+    """dW[e] = sum_{r of e} (scale_r A[ia_r])^T B[ib_r] -> dW [E, a.shape[1], b.shape[1]]."""
+    M, N = a.shape[1], b.shape[1]
+    dw = torch.empty(n_exp, M, N, dtype=dtype or a.dtype, device=a.device)
+    grid = lambda META: (  # noqa: E731
+        triton.cdiv(M, META["BLOCK_M"]) * triton.cdiv(N, META["BLOCK_N"]), n_exp)
+    _wgrad[grid](
+        a, b, dw, tok_R, off_S,
+        scale if scale is not None else dw, order_R if order_R is not None else tok_R,
+        _n_slots(off_S, n_exp), M, N,
+        a.stride(0), a.stride(1), b.stride(0), b.stride(1), *dw.stride(),
+        GATHER_A=gather_a, GATHER_B=gather_b, HAS_SCALE=scale is not None,
+        **_dot_args(a.dtype), **_blocks(),
+    )
+    return dw
+
+
+__all__ = ["EPI_GATE_RELU_BWD", "EPI_NONE", "EPI_RELU", "gather_mm", "scatter_mm", "wgrad"]

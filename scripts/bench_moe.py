@@ -1,0 +1,400 @@
+"""Forward+backward time and peak memory of one MoE layer vs one dense MLP.
+
+Reproduces the benchmark figures of the paper's appendix (Figs. `benchmark_es128`,
+`benchmark_32exp`, `benchmark`, `benchmark_es`, `benchmark_dmodel`): |B| = 32768 tokens,
+K = 4, one dense MLP (d_ff) against one sigma-MoE layer (selection + N_E experts of size G),
+for every backend of `kernels.moe_mlp` (Triton fused / unfused, torch._grouped_mm, the torch
+path, the per-expert loop). Medians of repeated runs after warm-up, ratios to the dense MLP
+of the same run, FLOP and byte counts with the roofline time, a table on stdout, JSON (and
+PNG plots, when matplotlib is installed) under benchmarks/.
+
+    python scripts/bench_moe.py                 # GPU: all sweeps of the paper, bf16
+    python scripts/bench_moe.py --device cpu    # small CPU sweeps + the CPU target case
+    python scripts/bench_moe.py --check         # verify every backend first
+
+Needs torch (+ triton for the Triton backends) and nothing else: no Hydra.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import kernels  # noqa: E402
+from kernels.testing import TOLERANCE, compare, random_case, reference_case, run_case  # noqa: E402
+
+BACKENDS = ("triton", "triton_unfused", "grouped_mm", "torch", "reference")
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+# dense peak FLOP/s (16-bit tensor cores / plain fp32) and memory bandwidth, by device name
+PEAKS = [  # (name fragment, bf16 FLOP/s, fp32 FLOP/s, bytes/s); first match wins
+    ("H100 PCIe", 756e12, 51e12, 2.0e12), ("H100", 989e12, 67e12, 3.35e12),
+    ("H200", 989e12, 67e12, 4.8e12), ("A100", 312e12, 19.5e12, 2.0e12),
+    ("3090", 71e12, 35.6e12, 0.936e12),
+]
+CPU_TARGET = {"d_model": 512, "n_experts": 16, "expert_size": 128, "k": 4, "tokens": 8192}
+CPU_TARGET_RATIO = 0.33
+
+
+def sweeps(device: str) -> dict[str, list[dict]]:
+    """name -> cases (d_model, n_experts, expert_size, d_ff), after the paper's captions."""
+    def case(d, e, g, f=None):
+        return {"d_model": d, "n_experts": e, "expert_size": g, "d_ff": f or e * g}
+
+    if device == "cpu":  # a few points each, for a 2-core machine
+        return {
+            "dmodel_g128": [case(d, 4 * d // 128, 128) for d in (256, 512, 768)],
+            "n_experts": [case(512, e, 128) for e in (8, 16, 32)],
+            "expert_size": [case(512, 16, g) for g in (64, 128, 256)],
+        }
+    dms = (256, 512, 768, 1024, 1536, 2048)
+    return {
+        "dmodel_g128": [case(d, 4 * d // 128, 128) for d in dms],  # Fig. benchmark_es128
+        "dmodel_ne32": [case(d, 32, 4 * d // 32) for d in dms],  # Fig. benchmark_32exp
+        "n_experts": [case(512, e, 128) for e in (8, 16, 32, 64, 128)],  # Fig. benchmark
+        "expert_size": [case(512, 32, g) for g in (32, 64, 128, 256, 512)],  # benchmark_es
+        "dmodel_f4096": [case(d, 32, 128) for d in dms],  # Fig. benchmark_dmodel
+    }
+
+
+# ------------------------------------------------------------------------ cost model
+def flops(c: dict, T: int, K: int) -> tuple[float, float]:
+    """Matrix-product FLOPs of forward+backward (backward = 2x forward): dense, MoE."""
+    D, E, G, F = c["d_model"], c["n_experts"], c["expert_size"], c["d_ff"]
+    return 12.0 * T * D * F, 12.0 * T * K * G * D + 6.0 * T * D * E  # MoE: + selection
+
+
+def bytes_moved(c: dict, T: int, K: int, elem: int) -> tuple[float, float]:
+    """Bytes if every operand and result of the six products of forward+backward crosses
+    DRAM once; MoE products run over the R = T*K sorted rows (gathered operands counted
+    K times: what the kernels load when L2 does not help). Dense, MoE."""
+    D, E, G, F = c["d_model"], c["n_experts"], c["expert_size"], c["d_ff"]
+
+    def six(rows, hidden, weights):  # x W1, h W2 | dy W2^T, h^T dy, dz W1^T, x^T dz
+        act_in, act_hid = rows * D, rows * hidden
+        return 3 * (2 * act_in + 2 * act_hid + 2 * weights)
+
+    selection = 3 * T * D + 6 * T * E + 3 * E * D  # x W3^T and its two gradients
+    return elem * six(T, F, D * F), elem * (six(T * K, G, E * D * G) + selection)
+
+
+def device_peaks(args, device: str, dtype: torch.dtype) -> dict:
+    name = torch.cuda.get_device_name() if device == "cuda" else "cpu"
+    flop_s = bw = None
+    for frag, f16, f32, b in PEAKS:
+        if frag in name:
+            flop_s, bw = (f32 if dtype == torch.float32 else f16), b
+            break
+    source = "table" if flop_s else "measured"
+    if flop_s is None:  # unknown device (or a CPU): measure a large product and a copy
+        flop_s, bw = measure_peaks(device, dtype)
+    return {"device": name, "flop_s": args.peak_tflops * 1e12 if args.peak_tflops else flop_s,
+            "bytes_s": args.peak_gbps * 1e9 if args.peak_gbps else bw,
+            "source": "flags" if args.peak_tflops or args.peak_gbps else source}
+
+
+def measure_peaks(device: str, dtype: torch.dtype) -> tuple[float, float]:
+    n = 2048 if device == "cpu" else 8192
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    ms = min(time_all({"mm": lambda: a @ a}, device, 2, 5)["mm"])  # best: the peak
+    big = torch.empty(64 * 2**20 // 4, device=device)
+    ms_copy = min(time_all({"copy": lambda: big.clone()}, device, 2, 5)["copy"])
+    return 2 * n**3 / (ms * 1e-3), 2 * big.numel() * 4 / (ms_copy * 1e-3)
+
+
+# ------------------------------------------------------------------------ timing
+def sync(device):
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def time_all(fns: dict, device: str, warmup: int, reps: int) -> dict[str, list[float]]:
+    """Interleaved runs (every variant once per round), so a load change on a shared
+    machine hits all variants alike. -> name -> list of milliseconds."""
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    sync(device)
+    out = {k: [] for k in fns}
+    for _ in range(reps):
+        for k, fn in fns.items():
+            if device == "cuda":
+                start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
+                start.record()
+                fn()
+                end.record()
+                end.synchronize()
+                out[k].append(start.elapsed_time(end))
+            else:
+                t0 = time.perf_counter()
+                fn()
+                out[k].append((time.perf_counter() - t0) * 1e3)
+    return out
+
+
+def peak_mb(fn, device) -> float | None:
+    """GPU memory the call adds on top of what exists before it (activations, grads,
+    scratch). None on a CPU, which has no allocator statistics."""
+    if device != "cuda":
+        return None
+    sync(device)
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    fn()
+    sync(device)
+    return (torch.cuda.max_memory_allocated() - base) / 2**20
+
+
+def make_layers(c: dict, T: int, K: int, device: str, dtype: torch.dtype, backends,
+                extras=False):
+    """name -> callable(saved=None) running forward+backward of that layer; given a dict,
+    it records the activations the forward saves for the backward (inputs excluded)."""
+    D, E, G, F = c["d_model"], c["n_experts"], c["expert_size"], c["d_ff"]
+    gen = dict(device=device, dtype=dtype)
+    x = torch.randn(T, D, **gen).requires_grad_()
+    gy = torch.randn(T, D, **gen)
+    # the project's dense FFN (models/ffn/dense.py): Linear (with bias), ReLU, Linear
+    W1 = (torch.randn(F, D, **gen) * D**-0.5).requires_grad_()
+    W2 = (torch.randn(D, F, **gen) * F**-0.5).requires_grad_()
+    b1, b2 = torch.zeros(F, **gen).requires_grad_(), torch.zeros(D, **gen).requires_grad_()
+    w1 = (torch.randn(E, D, G, **gen) * D**-0.5).requires_grad_()
+    w2 = (torch.randn(E, G, D, **gen) * F**-0.5).requires_grad_()
+    w3 = (torch.randn(E, D, **gen) * D**-0.5).requires_grad_()
+    inputs = {t.untyped_storage().data_ptr() for t in (x, gy, W1, W2, b1, b2, w1, w2, w3)}
+
+    def dense():
+        y = torch.nn.functional.linear(torch.relu(torch.nn.functional.linear(x, W1, b1)), W2, b2)
+        return y, (x, W1, b1, W2, b2)
+
+    def dense_nobias():
+        return torch.relu(x @ W1.T) @ W2.T, (x, W1, W2)
+
+    def moe(backend):
+        def forward():
+            gate, expert = torch.sigmoid(x @ w3.T).topk(K, dim=-1)  # sigma-MoE selection
+            return kernels.moe_mlp(x, expert, gate, w1, w2, backend=backend), (x, w1, w2, w3)
+        return forward
+
+    def layer(forward):
+        def run(saved=None):
+            if saved is None:
+                y, wrt = forward()
+            else:
+                def pack(t):
+                    ptr = t.untyped_storage().data_ptr()
+                    if ptr not in inputs:
+                        saved[ptr] = t.untyped_storage().nbytes()
+                    return t
+
+                with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                    y, wrt = forward()
+            torch.autograd.grad(y, wrt, gy)
+        return run
+
+    with torch.no_grad():  # a fixed routing for the experts-only variant
+        gate0, expert0 = torch.sigmoid(x @ w3.T).topk(K, dim=-1)
+
+    def experts_only():  # kernels.moe_mlp alone: no selection network, no gate gradient
+        return kernels.moe_mlp(x, expert0, gate0, w1, w2, backend="torch"), (x, w1, w2)
+
+    extra = {}
+    if extras:
+        extra = {"dense_nobias": layer(dense_nobias), "torch_experts_only": layer(experts_only)}
+    return {"dense": layer(dense), **extra, **{b: layer(moe(b)) for b in backends}}
+
+
+def saved_mb(fn) -> float:
+    saved = {}
+    fn(saved)
+    return sum(saved.values()) / 2**20
+
+
+def usable_backends(requested, device, dtype) -> tuple[list[str], dict[str, str]]:
+    x, w1 = torch.zeros(8, 64, device=device, dtype=dtype), torch.zeros(2, 64, 64,
+                                                                       device=device)
+    ok, skipped = [], {}
+    for b in requested:
+        problem = kernels.backend_problem(b, x, w1)
+        if device == "cpu" and b.startswith("triton"):
+            problem = "the Triton interpreter is far too slow to time"
+        (skipped.__setitem__(b, problem) if problem else ok.append(b))
+    return ok, skipped
+
+
+# ------------------------------------------------------------------------ main parts
+def check_backends(backends, device, dtype) -> None:
+    """Each backend against the float64 per-expert loop on a small case; exit 1 if off."""
+    case = random_case(T=67, D=64, E=6, G=32, K=2, dtype=dtype, device=device)
+    want = reference_case(case)
+    failed = False
+    for b in backends:
+        errs = compare(run_case(case, b), want)
+        bad = {k: v for k, v in errs.items() if not v <= TOLERANCE[dtype]}
+        print(f"check {b:15s} max rel err {max(errs.values()):.2e} " +
+              ("FAIL " + str(bad) if bad else "ok"))
+        failed |= bool(bad)
+    if failed:
+        sys.exit("a backend disagrees with the reference: not benchmarking")
+
+
+def bench_case(c, args, device, dtype, backends, peaks, extras=False) -> dict:
+    T, K = args.tokens, args.k
+    layers = make_layers(c, T, K, device, dtype, backends, extras)
+    times = time_all(layers, device, args.warmup, args.reps)
+    f_dense, f_moe = flops(c, T, K)
+    b_dense, b_moe = bytes_moved(c, T, K, torch.finfo(dtype).bits // 8)
+    res = {}
+    for name, fn in layers.items():
+        f, b = (f_dense, b_dense) if name.startswith("dense") else (f_moe, b_moe)
+        roof = max(f / peaks["flop_s"], b / peaks["bytes_s"]) * 1e3
+        ms = statistics.median(times[name])
+        res[name] = {"ms": ms, "ms_all": times[name], "peak_mb": peak_mb(fn, device),
+                     "saved_mb": saved_mb(fn), "flops": f, "bytes": b, "roofline_ms": roof,
+                     "x_roofline": ms / roof}
+    for r in res.values():
+        r["ratio_to_dense"] = r["ms"] / res["dense"]["ms"]
+        r["saved_ratio_to_dense"] = r["saved_mb"] / res["dense"]["saved_mb"]
+        if r["peak_mb"] is not None and res["dense"]["peak_mb"]:
+            r["peak_ratio_to_dense"] = r["peak_mb"] / res["dense"]["peak_mb"]
+    return {**c, "tokens": T, "k": K, "results": res}
+
+
+def print_case(sweep: str, case: dict) -> None:
+    head = (f"[{sweep}] d_model={case['d_model']} N_E={case['n_experts']} "
+            f"G={case['expert_size']} d_ff={case['d_ff']} T={case['tokens']} K={case['k']}")
+    print(head)
+    print(f"  {'layer':15s} {'ms':>9s} {'x dense':>8s} {'peak MB':>8s} {'x dense':>8s} "
+          f"{'saved MB':>8s} {'x dense':>8s} {'GFLOP':>8s} {'roof ms':>8s} {'x roof':>7s}")
+    for name, r in case["results"].items():
+        mb = "-" if r["peak_mb"] is None else f"{r['peak_mb']:.0f}"
+        mr = f"{r['peak_ratio_to_dense']:.2f}" if "peak_ratio_to_dense" in r else "-"
+        print(f"  {name:15s} {r['ms']:9.2f} {r['ratio_to_dense']:8.3f} {mb:>8s} {mr:>8s} "
+              f"{r['saved_mb']:8.1f} {r['saved_ratio_to_dense']:8.2f} "
+              f"{r['flops'] / 1e9:8.1f} {r['roofline_ms']:8.3f} {r['x_roofline']:7.2f}")
+    sys.stdout.flush()
+
+
+def plot(sweep: str, cases: list[dict], path: Path) -> None:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed: no plot")
+        return
+    xkey = {"n_experts": "n_experts", "expert_size": "expert_size"}.get(sweep, "d_model")
+    xs = [c[xkey] for c in cases]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax_mem = ax.twinx()
+    for i, name in enumerate(cases[0]["results"]):
+        color = f"C{i}"
+        ax.plot(xs, [c["results"][name]["ms"] for c in cases], "-o", color=color, label=name)
+        key = "peak_mb" if cases[0]["results"][name]["peak_mb"] is not None else "saved_mb"
+        ax_mem.plot(xs, [c["results"][name][key] for c in cases], "--", color=color)
+    ax.set_xlabel({"d_model": "d_model", "n_experts": "N_E", "expert_size": "G"}[xkey])
+    ax.set_ylabel("forward+backward time (ms), solid")
+    ax_mem.set_ylabel("peak (GPU) / saved (CPU) memory, MB, dashed")
+    ax.legend(fontsize=8)
+    ax.set_title(f"{sweep}: |B|={cases[0]['tokens']}, K={cases[0]['k']}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv=None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--device", choices=["cuda", "cpu"],
+                   default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--dtype", choices=list(DTYPES), help="default: bf16 on cuda, fp32 on cpu")
+    p.add_argument("--tokens", type=int, help="|B|; default 32768 (cuda) / 8192 (cpu)")
+    p.add_argument("--k", type=int, default=4)
+    p.add_argument("--sweeps", nargs="*", help="subset of the sweeps (default: all)")
+    p.add_argument("--backends", nargs="*", default=list(BACKENDS), choices=BACKENDS)
+    p.add_argument("--warmup", type=int, help="default 5 (cuda) / 1 (cpu)")
+    p.add_argument("--reps", type=int, help="default 20 (cuda) / 3 (cpu)")
+    p.add_argument("--peak-tflops", type=float, help="override the device's peak TFLOP/s")
+    p.add_argument("--peak-gbps", type=float, help="override the device's peak GB/s")
+    p.add_argument("--check", action="store_true", help="verify every backend first")
+    p.add_argument("--no-target", action="store_true", help="cpu: skip the target case")
+    p.add_argument("--out", type=Path,
+                   help="JSON path; default benchmarks/moe_<device name>.json (moe_cpu.json)")
+    args = p.parse_args(argv)
+    cuda = args.device == "cuda"
+    dtype = DTYPES[args.dtype or ("bf16" if cuda else "fp32")]
+    args.tokens = args.tokens or (32768 if cuda else 8192)
+    args.warmup = args.warmup if args.warmup is not None else (5 if cuda else 1)
+    args.reps = args.reps or (20 if cuda else 3)
+    if not cuda:
+        print(f"cpu: {torch.get_num_threads()} threads, load average "
+              f"{os.getloadavg()[0]:.2f} (timings need an otherwise idle machine)")
+    backends, skipped = usable_backends(args.backends, args.device, dtype)
+    for b, why in skipped.items():
+        print(f"skip {b}: {why}")
+    if args.check:
+        check_backends(backends, args.device, dtype)
+    peaks = device_peaks(args, args.device, dtype)
+    print(f"device {peaks['device']}: peak {peaks['flop_s'] / 1e12:.3f} TFLOP/s, "
+          f"{peaks['bytes_s'] / 1e9:.0f} GB/s ({peaks['source']}), dtype {dtype}")
+    out = {"device": peaks["device"], "torch": torch.__version__, "dtype": str(dtype),
+           "triton": getattr(sys.modules.get("triton"), "__version__", None),
+           "threads": torch.get_num_threads(), "peaks": peaks, "skipped": skipped,
+           "sweeps": {}}
+    slug = "".join(ch if ch.isalnum() else "_" for ch in peaks["device"].lower()).strip("_")
+    stem = args.out.stem if args.out else f"moe_{slug}"
+    out_dir = args.out.parent if args.out else ROOT / "benchmarks"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    all_sweeps = sweeps(args.device)
+    for name in args.sweeps or list(all_sweeps):
+        cases = [bench_case(c, args, args.device, dtype, backends, peaks)
+                 for c in all_sweeps[name]]
+        for c in cases:
+            print_case(name, c)
+        out["sweeps"][name] = cases
+        plot(name, cases, out_dir / f"{stem}_{name}.png")
+    if not cuda and not args.no_target:
+        out["target"] = cpu_target(args, dtype, backends, peaks)
+    path = args.out or out_dir / f"{stem}.json"
+    path.write_text(json.dumps(out, indent=1))
+    print(f"wrote {path}")
+    return out
+
+
+def cpu_target(args, dtype, backends, peaks) -> dict:
+    """The CPU target: the torch path within 0.33x of the dense MLP (d_ff = N_E * G)."""
+    c = {k: CPU_TARGET[k] for k in ("d_model", "n_experts", "expert_size")}
+    c["d_ff"] = c["n_experts"] * c["expert_size"]
+    targs = argparse.Namespace(**{**vars(args), "tokens": CPU_TARGET["tokens"],
+                                  "k": CPU_TARGET["k"], "reps": max(args.reps, 9)})
+    case = bench_case(c, targs, "cpu", dtype, backends, peaks, extras=True)
+    print_case("cpu target", case)
+    res = case["results"]
+    if "torch" not in res:
+        print("cpu target: the torch backend was not run")
+        return {**case, "target_ratio": CPU_TARGET_RATIO, "ratio": None, "pass": False}
+    ratio = res["torch"]["ratio_to_dense"]
+    summary = {
+        "ratio": ratio,  # the whole sigma-MoE layer (selection + experts) / dense FFN
+        "ratio_best": min(res["torch"]["ms_all"]) / min(res["dense"]["ms_all"]),
+        "ratio_vs_dense_nobias": res["torch"]["ms"] / res["dense_nobias"]["ms"],
+        "ratio_experts_only": res["torch_experts_only"]["ratio_to_dense"],
+    }
+    ok = ratio <= CPU_TARGET_RATIO
+    print(f"cpu target: MoE layer (torch path) / dense MLP = {ratio:.3f} median of "
+          f"{targs.reps} (best {summary['ratio_best']:.3f}; "
+          f"{summary['ratio_vs_dense_nobias']:.3f} vs a dense MLP without biases; experts "
+          f"only, no selection: {summary['ratio_experts_only']:.3f}); target <= "
+          f"{CPU_TARGET_RATIO}: {'PASS' if ok else 'FAIL'}")
+    return {**case, **summary, "target_ratio": CPU_TARGET_RATIO, "pass": ok,
+            "load_average": os.getloadavg()[0]}
+
+
+if __name__ == "__main__":
+    main()

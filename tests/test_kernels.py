@@ -1,0 +1,178 @@
+"""kernels/: routing, the fast torch path, grouped_mm, dispatch and torch.compile (CPU).
+
+Every fast path is checked against the per-expert float64 loop of kernels/reference.py
+(paper Eq. `moe_out`): output and the gradients w.r.t. x, gate, W1 and W2. The Triton
+kernels are in tests/test_kernels_triton.py.
+"""
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import kernels
+from kernels import moe_mlp
+from kernels.routing import make_routing, routing_reference
+from kernels.testing import TOLERANCE, compare, random_case, reference_case, run_case
+from kernels.torch_path import torch_fwd
+
+
+def _assert_close(errs, dtype):
+    bad = {k: v for k, v in errs.items() if not v <= TOLERANCE[dtype]}
+    assert not bad, f"relative errors over {TOLERANCE[dtype]}: {bad}"
+
+
+@pytest.mark.parametrize("K,C", [(1, 1), (3, 1), (3, 2)])
+def test_routing_matches_loop(K, C):
+    case = random_case(T=23, D=4, E=7, G=4, K=K, n_unused=2)
+    got = make_routing(case["expert_TK"], 7, n_chunks=C)
+    want = routing_reference(case["expert_TK"], 7, n_chunks=C)
+    assert torch.equal(got.order_R, want.order_R)
+    assert torch.equal(got.tok_R, want.tok_R)
+    assert torch.equal(got.off_S, want.off_S)
+    # every slot holds every token exactly once: what the slot-ordered scatter relies on
+    for k in range(K):
+        toks = torch.cat([got.tok_R[got.off_S[s * K + k]:got.off_S[s * K + k + 1]]
+                          for s in range(7 * C)])
+        assert torch.equal(toks.sort().values, torch.arange(23, dtype=toks.dtype))
+    # chunk c of every expert holds only tokens of chunk c: workers never share a token
+    for e in range(7):
+        for c in range(C):
+            block = got.off_S[(e * C + c) * K:(e * C + c + 1) * K + 1:K]
+            assert ((got.tok_R[block[0]:block[1]].long() * C) // 23 == c).all()
+    assert torch.equal(got.order_R[got.inverse_R()], torch.arange(23 * K))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("K", [1, 2, 4, 8])
+def test_torch_path_matches_reference(K, dtype):
+    case = random_case(T=29, D=24, E=10, G=16, K=K, dtype=dtype, seed=K)
+    _assert_close(compare(run_case(case, "torch"), reference_case(case)), dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("K", [1, 4])
+def test_grouped_mm_matches_reference(K, dtype):
+    case = random_case(T=31, D=16, E=6, G=24, K=K, dtype=dtype, seed=10 + K)
+    _assert_close(compare(run_case(case, "grouped_mm"), reference_case(case)), dtype)
+
+
+def test_unused_experts_get_zero_weight_grad():
+    case = random_case(T=9, D=8, E=6, G=8, K=2, n_unused=3)
+    _, (_, _, dw1, dw2) = run_case(case, "torch")
+    assert dw1[3:].abs().max() == 0 and dw2[3:].abs().max() == 0
+    assert dw1[:3].abs().min(-1).values.max() > 0
+
+
+def test_torch_path_weight_grad_is_deterministic():
+    case = random_case(T=257, D=32, E=8, G=16, K=4)
+    (_, g1), (_, g2) = run_case(case, "torch"), run_case(case, "torch")
+    for a, b in zip(g1, g2):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("chunks", [1, 2])
+def test_torch_path_dropout_gradient_is_exact(chunks):
+    """Forward and backward see the same dropout mask (h > 0 is ReLU and dropout jointly)."""
+    case = random_case(T=7, D=5, E=4, G=6, K=2, dtype=torch.float64)
+    routing = make_routing(case["expert_TK"], 4, chunks)
+    ins = [case[k].clone().requires_grad_() for k in ("x_TD", "gate_TK", "w1_EDG", "w2_EGD")]
+
+    def f(x, gate, w1, w2):
+        torch.manual_seed(0)  # the same mask at every gradcheck evaluation
+        return torch_fwd(x, gate, w1, w2, routing.tok_R, routing.order_R, routing.off_S,
+                         0.5, True)[0]
+
+    assert torch.autograd.gradcheck(f, ins)
+
+
+def test_torch_path_dropout_is_unbiased():
+    case = random_case(T=16, D=8, E=4, G=32, K=2)
+    n = 512  # copies of every token in one batch: each copy draws its own mask
+    x, expert, gate = (case[k].repeat(n, 1) for k in ("x_TD", "expert_TK", "gate_TK"))
+    with torch.no_grad():
+        y0 = moe_mlp(x[:16], expert[:16], gate[:16], case["w1_EDG"], case["w2_EGD"],
+                     backend="torch")
+        torch.manual_seed(0)
+        y = moe_mlp(x, expert, gate, case["w1_EDG"], case["w2_EGD"], hidden_dropout=0.25,
+                    training=True, backend="torch").view(n, 16, -1)
+    assert not torch.allclose(y[0], y0)  # something was dropped
+    # inverted dropout: E[y] = y without dropout (512 draws: about 4% of |y| noise)
+    assert (y.mean(0) - y0).abs().max() < 0.1 * y0.abs().max()
+
+
+def test_dropout_inactive_in_eval():
+    case = random_case(T=11, D=8, E=4, G=8, K=2)
+    y, _ = run_case(case, "torch", hidden_dropout=0.5, training=False)
+    y_ref, _ = run_case(case, "torch")
+    assert torch.equal(y, y_ref)
+
+
+def test_dispatch():
+    x, w1 = torch.zeros(3, 8), torch.zeros(2, 8, 8)
+    assert kernels.resolve_backend("auto", x, w1) == "torch"  # CPU
+    with pytest.raises(ValueError, match="unknown moe_mlp backend 'cuda_magic'"):
+        kernels.resolve_backend("cuda_magic", x, w1)
+    with pytest.raises(ValueError, match="grouped_mm.*float64"):
+        kernels.resolve_backend("grouped_mm", x.double(), w1.double())
+    if kernels.HAS_TRITON:
+        with pytest.raises(ValueError, match="triton_unfused"):
+            kernels.resolve_backend("triton", x, w1, dropout=True)
+
+
+def test_triton_backend_refused_on_cpu_without_interpreter(monkeypatch):
+    monkeypatch.setattr(kernels, "TRITON_INTERPRET", False)
+    monkeypatch.setattr(kernels, "HAS_TRITON", True)
+    with pytest.raises(ValueError, match="CUDA tensors"):
+        kernels.resolve_backend("triton", torch.zeros(3, 8), torch.zeros(2, 8, 8))
+
+
+def test_kernels_import_without_triton():
+    code = (
+        "import sys; sys.modules['triton'] = None\n"
+        "import torch, kernels\n"
+        "assert not kernels.HAS_TRITON\n"
+        "x = torch.randn(5, 8); e = torch.tensor([[0], [1], [0], [2], [1]])\n"
+        "w1, w2 = torch.randn(3, 8, 4), torch.randn(3, 4, 8)\n"
+        "y = kernels.moe_mlp(x, e, torch.ones(5, 1), w1, w2)\n"
+        "r = kernels.moe_mlp(x, e, torch.ones(5, 1), w1, w2, backend='reference')\n"
+        "assert torch.allclose(y, r, atol=1e-5)\n"
+        "try:\n"
+        "    kernels.moe_mlp(x, e, torch.ones(5, 1), w1, w2, backend='triton')\n"
+        "except ValueError as err:\n"
+        "    assert 'not importable' in str(err)\n"
+        "else:\n"
+        "    raise AssertionError('triton backend accepted without triton')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=str(__import__("pathlib").Path(kernels.__file__).parents[1]))
+    assert out.returncode == 0, out.stderr
+
+
+def test_autocast_computes_in_autocast_dtype():
+    case = random_case(T=13, D=16, E=5, G=16, K=2)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y, grads = run_case(case, "torch")
+    assert y.dtype == torch.bfloat16
+    assert grads[2].dtype == torch.float32  # the fp32 weights still get fp32 gradients
+    # the oracle sees the inputs as autocast rounds them (else ReLU masks flip near zero)
+    rounded = {k: v.to(torch.bfloat16).float() if v.is_floating_point() else v
+               for k, v in case.items()}
+    _assert_close(compare((y, grads), reference_case(rounded)), torch.bfloat16)
+
+
+def test_compile_fullgraph_traces_torch_path():
+    case = random_case(T=21, D=16, E=5, G=8, K=2)
+
+    def layer(x, expert, gate, w1, w2):
+        return moe_mlp(x, expert, gate, w1, w2, backend="torch").square().sum()
+
+    compiled = torch.compile(layer, fullgraph=True, backend="aot_eager")
+    ins = [case[k].clone().requires_grad_() for k in ("x_TD", "gate_TK", "w1_EDG", "w2_EGD")]
+    loss = compiled(ins[0], case["expert_TK"], *ins[1:])
+    grads = torch.autograd.grad(loss, ins)
+    loss_ref = layer(ins[0], case["expert_TK"], *ins[1:])
+    grads_ref = torch.autograd.grad(loss_ref, ins)
+    torch.testing.assert_close(loss, loss_ref)
+    for g, r in zip(grads, grads_ref):
+        torch.testing.assert_close(g, r)
