@@ -1,0 +1,118 @@
+"""Whole training steps, dense vs sigma-MoE (paper Sec. 5: sigma-MoE trains faster than its
+parameter-equal dense twin). torch (+ triton) only, no Hydra, so it runs on GPU machines.
+
+    python scripts/bench_train.py                       # GPU: WT-S and WT-B shapes, bf16
+    python scripts/bench_train.py --device cpu          # CPU: the mini shapes, fp32
+
+Times forward + backward + Adam step of the Transformer-XL (memory included) after warm-up;
+prints the median ms/step, tokens/s, peak memory and the MoE/dense ratios of the same run,
+and writes JSON to benchmarks/train_<device>.json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from contextlib import nullcontext
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from models.ffn.dense import DenseConfig  # noqa: E402
+from models.ffn.sigma_moe import SigmaMoEConfig  # noqa: E402
+from models.transformer_xl import TransformerXL, TransformerXLConfig, n_params  # noqa: E402
+
+# name: (d_model, layers, heads, head_dim, ctx, batch, vocab, dense d_ff, N_E, G, K)
+SHAPES = {
+    "wt_small": (412, 16, 10, 41, 256, 64, 8000, 2053, 16, 128, 4),
+    "wt_big": (1024, 18, 16, 64, 512, 64, 8000, 4110, 32, 128, 4),
+    "mini": (256, 4, 4, 64, 128, 16, 201, 1030, 16, 64, 4),
+}
+
+
+def build(shape: str, kind: str) -> tuple[TransformerXL, int, int, int]:
+    D, L, H, C, ctx, batch, vocab, d_ff, n_e, g, k = SHAPES[shape]
+    ffn = (DenseConfig(D, L, d_ff) if kind == "dense" else
+           SigmaMoEConfig(D, L, n_e, g, k, reg_gamma=1e-3))
+    cfg = TransformerXLConfig(vocab, D, L, H, C, 0.1, ctx, 4 * ctx, kind, ffn)
+    return TransformerXL(cfg), ctx, batch, vocab
+
+
+def time_steps(model, ctx, batch, vocab, device, dtype, warmup, reps) -> dict:
+    model.to(device).train()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-4)
+    amp = (torch.autocast(device.type, dtype=dtype) if dtype != torch.float32
+           else nullcontext())
+    tokens = torch.randint(0, vocab, (batch, ctx + 1), device=device)
+    mems, times = None, []
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    for i in range(warmup + reps):
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        with amp:
+            logits, mems = model(tokens[:, :-1], mems)
+            loss = F.cross_entropy(logits.float().flatten(0, 1), tokens[:, 1:].flatten())
+            reg = model.pop_loss()
+            loss = loss if reg is None else loss + reg
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 0.25)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        if i >= warmup:
+            times.append(time.perf_counter() - t0)
+    ms = 1000 * statistics.median(times)
+    peak = torch.cuda.max_memory_allocated() / 2**20 if device.type == "cuda" else None
+    return {"ms": ms, "tokens_per_s": batch * ctx / ms * 1000, "peak_mb": peak,
+            "n_params": n_params(model)}
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--device", choices=("cuda", "cpu"),
+                    default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--shapes", nargs="*", choices=list(SHAPES))
+    ap.add_argument("--dtype", choices=("bf16", "fp16", "fp32"))
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args(argv)
+    device = torch.device(args.device)
+    shapes = args.shapes or (["wt_small", "wt_big"] if device.type == "cuda" else ["mini"])
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[
+        args.dtype or ("bf16" if device.type == "cuda" else "fp32")]
+    name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
+    out = {"device": name, "dtype": str(dtype), "torch": torch.__version__, "results": {}}
+    print(f"{'shape':10} {'ffn':10} {'params':>8} {'ms/step':>9} {'tok/s':>9} {'peak MB':>9}")
+    for shape in shapes:
+        row = {}
+        for kind in ("dense", "sigma_moe"):
+            torch.manual_seed(0)
+            model, ctx, batch, vocab = build(shape, kind)
+            row[kind] = time_steps(model, ctx, batch, vocab, device, dtype, args.warmup,
+                                   args.reps)
+            r = row[kind]
+            peak = f"{r['peak_mb']:.0f}" if r["peak_mb"] is not None else "-"
+            print(f"{shape:10} {kind:10} {r['n_params'] / 1e6:7.1f}M {r['ms']:9.1f} "
+                  f"{r['tokens_per_s']:9.0f} {peak:>9}")
+            del model
+        row["moe_over_dense_time"] = row["sigma_moe"]["ms"] / row["dense"]["ms"]
+        print(f"{shape:10} sigma-MoE / dense step time: {row['moe_over_dense_time']:.2f}x")
+        out["results"][shape] = row
+    path = args.out or Path(__file__).resolve().parent.parent / "benchmarks" / (
+        f"train_{name.replace(' ', '_').lower()}.json")
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(json.dumps(out, indent=1) + "\n")
+    print(f"wrote {path}")
+    return out
+
+
+if __name__ == "__main__":
+    main()
