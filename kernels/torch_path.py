@@ -104,6 +104,15 @@ def _relu_grad(grad: Tensor, h: Tensor, out: Tensor) -> Tensor:
     return torch.ops.aten.threshold_backward.grad_input(grad, h, 0, grad_input=out)
 
 
+def _prologue(x_TD, gate_TK, w1_EDG, w2_EGD, tok_R, order_R, off_S):
+    """Shared by forward and backward: block layout, gates in sorted order, and detached
+    operands (the custom ops compute their own gradients)."""
+    C, bounds, n_max = _blocks(off_S, w1_EDG.shape[0], gate_TK.shape[1])
+    gate_R = gate_TK.detach().reshape(-1)[order_R]
+    return (C, bounds, n_max, tok_R.long(), gate_R, x_TD.detach(), w1_EDG.detach(),
+            w2_EGD.detach())
+
+
 @torch.library.custom_op("sigma_moe::torch_fwd", mutates_args=())
 def torch_fwd(
     x_TD: Tensor, gate_TK: Tensor, w1_EDG: Tensor, w2_EGD: Tensor,
@@ -113,10 +122,8 @@ def torch_fwd(
     T, D = x_TD.shape
     E, _, G = w1_EDG.shape
     K = gate_TK.shape[1]
-    C, bounds, n_max = _blocks(off_S, E, K)
-    tok_R = tok_R.long()
-    gate_R = gate_TK.detach().reshape(-1)[order_R]
-    x_TD, w1_EDG, w2_EGD = x_TD.detach(), w1_EDG.detach(), w2_EGD.detach()
+    C, bounds, n_max, tok_R, gate_R, x_TD, w1_EDG, w2_EGD = _prologue(
+        x_TD, gate_TK, w1_EDG, w2_EGD, tok_R, order_R, off_S)
     h_RG = x_TD.new_empty(T * K, G)
     y_TD = x_TD.new_empty(T, D)  # each worker zeroes its own chunk (first touch, in parallel)
     drop = training and p > 0
@@ -162,10 +169,8 @@ def torch_bwd(
     T, D = x_TD.shape
     E, _, G = w1_EDG.shape
     K = gate_TK.shape[1]
-    C, bounds, n_max = _blocks(off_S, E, K)
-    tok_R = tok_R.long()
-    gate_R = gate_TK.detach().reshape(-1)[order_R]
-    x_TD, w1_EDG, w2_EGD = x_TD.detach(), w1_EDG.detach(), w2_EGD.detach()
+    C, bounds, n_max, tok_R, gate_R, x_TD, w1_EDG, w2_EGD = _prologue(
+        x_TD, gate_TK, w1_EDG, w2_EGD, tok_R, order_R, off_S)
     gx_TD = torch.empty_like(x_TD)
     # per chunk, summed after in chunk order (deterministic); blocks with no rows get 0
     gw1_C, gw2_C = w1_EDG.new_empty((C, *w1_EDG.shape)), w2_EGD.new_empty((C, *w2_EGD.shape))
