@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import secrets
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,7 +44,7 @@ class RunLogger:
             import wandb
 
             id_file = run_dir / "wandb_id.txt"
-            run_id = id_file.read_text().strip() if id_file.exists() else wandb.util.generate_id()
+            run_id = id_file.read_text().strip() if id_file.exists() else secrets.token_hex(4)
             atomic_write_bytes(id_file, run_id.encode())
             self.wandb = wandb.init(
                 project=cfg.project, entity=cfg.entity or None, mode=cfg.mode, name=name,

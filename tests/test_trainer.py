@@ -85,3 +85,13 @@ def test_eval_mode_reevaluates_the_last_checkpoint(tmp_path):
     assert json.loads((tmp_path / "results.json").read_text())["test"] == trained["test"]
     with pytest.raises(ConfigError, match="no checkpoint"):
         RUN({**cfg, "mode": "eval"}, tmp_path / "empty")
+
+
+def test_wandb_offline_logs_into_the_run_dir(tmp_path, monkeypatch):
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    cfg = compose_cfg([*TINY, *TINY_MOE, "trainer.steps=2", "task.final_segments=1",
+                       "logger=wandb", "logger.mode=offline"])
+    RUN(cfg, tmp_path)
+    run_id = (tmp_path / "wandb_id.txt").read_text()
+    (offline,) = (tmp_path / "wandb").glob(f"offline-run-*-{run_id}")
+    assert list(offline.glob("*.wandb"))  # the offline run's data, syncable later
