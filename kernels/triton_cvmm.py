@@ -75,6 +75,32 @@ if os.environ.get("TRITON_INTERPRET", "0") != "1":
 
 
 @triton.jit
+def _rows_times_expert(
+    a_ptr, w_ptr, a_rows, row_ok, cols, col_ok, e, KD,
+    stride_am, stride_ak, stride_we, stride_wk, stride_wn,
+    DOT_F32: tl.constexpr, PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """fp32 tile A[a_rows, :] @ W[e][:, cols], walking the shared dimension KD."""
+    ks = tl.arange(0, BLOCK_K)
+    a_ptrs = a_ptr + a_rows[:, None] * stride_am + ks[None, :] * stride_ak
+    w_ptrs = (w_ptr + e.to(tl.int64) * stride_we
+              + ks[:, None] * stride_wk + cols[None, :] * stride_wn)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, KD, BLOCK_K):
+        k_ok = ks < KD - k0
+        a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+        w = tl.load(w_ptrs, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
+        if DOT_F32:
+            a = a.to(tl.float32)
+            w = w.to(tl.float32)
+        acc = tl.dot(a, w, acc, input_precision=PRECISION)
+        a_ptrs += BLOCK_K * stride_ak
+        w_ptrs += BLOCK_K * stride_wk
+    return acc
+
+
+@triton.jit
 def gather_mm_kernel(
     a_ptr, w_ptr, c_ptr, tok_ptr, off_ptr,
     h_ptr, gate_ptr, order_ptr, gpart_ptr,  # EPI_GATE_RELU_BWD only
@@ -107,21 +133,9 @@ def gather_mm_kernel(
         a_rows = rows.to(tl.int64)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < N
-    ks = tl.arange(0, BLOCK_K)
-    a_ptrs = a_ptr + a_rows[:, None] * stride_am + ks[None, :] * stride_ak
-    w_ptrs = (w_ptr + e.to(tl.int64) * stride_we
-              + ks[:, None] * stride_wk + cols[None, :] * stride_wn)
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, KD, BLOCK_K):
-        k_ok = ks < KD - k0
-        a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-        w = tl.load(w_ptrs, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
-        if DOT_F32:
-            a = a.to(tl.float32)
-            w = w.to(tl.float32)
-        acc = tl.dot(a, w, acc, input_precision=PRECISION)
-        a_ptrs += BLOCK_K * stride_ak
-        w_ptrs += BLOCK_K * stride_wk
+    acc = _rows_times_expert(a_ptr, w_ptr, a_rows, row_ok, cols, col_ok, e, KD,
+                             stride_am, stride_ak, stride_we, stride_wk, stride_wn,
+                             DOT_F32, PRECISION, BLOCK_M, BLOCK_N, BLOCK_K)
     rows64 = rows.to(tl.int64)
     mask = row_ok[:, None] & col_ok[None, :]
     c_off = rows64[:, None] * stride_cm + cols[None, :] * stride_cn
@@ -161,21 +175,9 @@ def scatter_mm_kernel(
     row_ok = rows < row_end
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < N
-    ks = tl.arange(0, BLOCK_K)
-    a_ptrs = a_ptr + rows.to(tl.int64)[:, None] * stride_am + ks[None, :] * stride_ak
-    w_ptrs = (w_ptr + e.to(tl.int64) * stride_we
-              + ks[:, None] * stride_wk + cols[None, :] * stride_wn)
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, KD, BLOCK_K):
-        k_ok = ks < KD - k0
-        a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-        w = tl.load(w_ptrs, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
-        if DOT_F32:
-            a = a.to(tl.float32)
-            w = w.to(tl.float32)
-        acc = tl.dot(a, w, acc, input_precision=PRECISION)
-        a_ptrs += BLOCK_K * stride_ak
-        w_ptrs += BLOCK_K * stride_wk
+    acc = _rows_times_expert(a_ptr, w_ptr, rows.to(tl.int64), row_ok, cols, col_ok, e, KD,
+                             stride_am, stride_ak, stride_we, stride_wk, stride_wn,
+                             DOT_F32, PRECISION, BLOCK_M, BLOCK_N, BLOCK_K)
     if HAS_SCALE:
         flat = tl.load(order_ptr + rows, mask=row_ok, other=0)
         acc = acc * tl.load(scale_ptr + flat, mask=row_ok, other=0.0).to(tl.float32)[:, None]
