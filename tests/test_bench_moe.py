@@ -1,0 +1,46 @@
+"""scripts/bench_moe.py: cost model, paired ratios, and one small case end to end on CPU."""
+import argparse
+
+import pytest
+import torch
+
+from scripts import bench_moe
+
+
+def test_flops_match_the_paper_ratio():
+    # the paper's benchmark point: d_model 1024, G 128, N_E 32 (d_ff 4096), K 4
+    c = {"d_model": 1024, "n_experts": 32, "expert_size": 128, "d_ff": 4096}
+    dense, moe = bench_moe.flops(c, 32768, 4)
+    assert dense == 12 * 32768 * 1024 * 4096
+    # experts: K*G/d_ff = 1/8 of the dense products; selection: N_E/(2 d_ff) more
+    assert moe / dense == pytest.approx(4 * 128 / 4096 + 32 / (2 * 4096))
+
+
+def test_paired_ratio_cancels_drift():
+    # the machine slows down 2x halfway: every round keeps its 0.25, the medians do not
+    dense = [100, 100, 100, 200, 200, 200, 200]
+    moe = [25, 25, 25, 50, 50, 50, 50]
+    assert bench_moe.paired_ratio(moe, dense) == (0.25, [0.25, 0.25])
+    ratio, (q1, q3) = bench_moe.paired_ratio([30, 20, 25], [100, 100, 100])
+    assert (ratio, q1, q3) == (pytest.approx(0.25), pytest.approx(0.225), pytest.approx(0.275))
+    with pytest.raises(ValueError):  # rounds must pair up
+        bench_moe.paired_ratio([1, 2], [1])
+
+
+def test_bench_case_cpu_small():
+    c = {"d_model": 32, "n_experts": 4, "expert_size": 16, "d_ff": 64}
+    args = argparse.Namespace(tokens=67, k=2, warmup=0, reps=3)
+    peaks = {"flop_s": 1e11, "bytes_s": 1e10}
+    case = bench_moe.bench_case(c, args, "cpu", torch.float32, ["torch", "reference"], peaks,
+                                extras=True)
+    res = case["results"]
+    assert set(res) == {"dense", "dense_nobias", "torch_experts_only", "torch", "reference"}
+    assert res["dense"]["ratio_to_dense"] == 1.0
+    for r in res.values():
+        assert len(r["ms_all"]) == 3 and r["ms"] > 0
+        q1, q3 = r["ratio_iqr"]
+        assert q1 <= r["ratio_to_dense"] <= q3
+        assert r["roofline_ms"] == pytest.approx(
+            max(r["flops"] / 1e11, r["bytes"] / 1e10) * 1e3)
+    # the MoE saves only h (T*K x G) and the selection's inputs, not a T x d_ff activation
+    assert res["torch"]["saved_mb"] < res["dense"]["saved_mb"]
