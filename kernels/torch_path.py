@@ -27,6 +27,7 @@ the Python loop (and its `.tolist()`) out of the graph.
 """
 from __future__ import annotations
 
+import itertools
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
@@ -62,13 +63,16 @@ def _blocks(off_S: Tensor, E: int, K: int) -> tuple[int, list[int], int]:
 
 
 def _run(work, C: int) -> None:
-    """work(c) for every token chunk c, on worker threads that run single-threaded ops.
+    """work(c) for every token chunk c, on `_workers()` threads that run single-threaded ops.
 
     Dozens of small ops per expert each fork-join an OpenMP team; on a busy machine every
     join waits for a descheduled thread. Independent single-threaded streams have no joins,
     and each chunk touches only its own rows of x and y (cache-friendly, no write
-    conflicts: which worker takes which chunk does not change the result). Thread counts
-    are per-thread state (OpenMP ICV, MKL local): only the worker's own ops change.
+    conflicts: which thread takes which chunk does not change the result). The calling
+    thread is one of the workers: it is running already, while waking an idle thread can
+    take milliseconds on a VM. Threads take the next chunk when done (dynamic, so a slower
+    core gets fewer chunks). Thread counts are per-thread state (OpenMP ICV, MKL local):
+    only the workers' own ops change.
     """
     workers = min(C, _workers())
     if workers == 1:
@@ -77,21 +81,27 @@ def _run(work, C: int) -> None:
                 work(c)
         return
     global _POOL
-    if _POOL is None or _POOL._max_workers != workers:
-        _POOL = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="sigma_moe")
+    if _POOL is None or _POOL._max_workers != workers - 1:
+        _POOL = ThreadPoolExecutor(max_workers=workers - 1, thread_name_prefix="sigma_moe")
     caller_threads = torch.get_num_threads()
     threads = max(1, caller_threads // workers)
+    next_chunk = itertools.count().__next__  # atomic under the GIL
 
-    def in_worker(c):
+    def loop():
         torch.set_num_threads(threads)
         try:
-            with torch.no_grad():  # grad mode is per thread: keep the worker's ops untracked
-                work(c)
+            with torch.no_grad():  # grad mode is per thread: keep the workers' ops untracked
+                while (c := next_chunk()) < C:
+                    work(c)
         finally:  # also resets the process-wide default that new threads start from
             torch.set_num_threads(caller_threads)
 
-    for f in [_POOL.submit(in_worker, c) for c in range(C)]:
-        f.result()
+    helpers = [_POOL.submit(loop) for _ in range(workers - 1)]
+    try:
+        loop()
+    finally:
+        for f in helpers:
+            f.result()
 
 
 def _chunk_rows(T: int, C: int, c: int) -> slice:

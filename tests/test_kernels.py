@@ -14,7 +14,7 @@ import kernels
 from kernels import moe_mlp
 from kernels.routing import make_routing, routing_reference
 from kernels.testing import TOLERANCE, compare, random_case, reference_case, run_case
-from kernels.torch_path import torch_fwd
+from kernels.torch_path import torch_bwd, torch_fwd
 
 
 def _assert_close(errs, dtype):
@@ -71,7 +71,25 @@ def test_torch_path_weight_grad_is_deterministic():
         assert torch.equal(a, b)
 
 
-@pytest.mark.parametrize("chunks", [1, 2])
+def test_torch_path_more_chunks_than_threads(monkeypatch):
+    """Threads take chunks dynamically (the caller too): which thread ran which chunk must
+    not change a bit of the result, and uneven chunks must still match the reference."""
+    monkeypatch.setattr(kernels.torch_path, "_workers", lambda: 2)  # a caller and a helper
+    case = random_case(T=61, D=16, E=5, G=8, K=3, n_unused=1, seed=3)
+    routing = make_routing(case["expert_TK"], 5, n_chunks=5)
+    args = [case[k].detach() for k in ("x_TD", "gate_TK", "w1_EDG", "w2_EGD")]
+    idx = (routing.tok_R, routing.order_R, routing.off_S)
+    runs = []
+    for _ in range(3):
+        y, h = torch_fwd(*args, *idx, 0.0, False)
+        runs.append((y, *torch_bwd(case["gy_TD"], *args, *idx, h, 1.0)))
+    for run in runs[1:]:
+        assert all(torch.equal(a, b) for a, b in zip(runs[0], run))
+    y, *grads = runs[0]
+    _assert_close(compare((y, grads), reference_case(case)), torch.float32)
+
+
+@pytest.mark.parametrize("chunks", [1, 2, 5])
 def test_torch_path_dropout_gradient_is_exact(chunks):
     """Forward and backward see the same dropout mask (h > 0 is ReLU and dropout jointly)."""
     case = random_case(T=7, D=5, E=4, G=6, K=2, dtype=torch.float64)
