@@ -182,8 +182,10 @@ def torch_bwd(
     C, bounds, n_max, tok_R, gate_R, x_TD, w1_EDG, w2_EGD = _prologue(
         x_TD, gate_TK, w1_EDG, w2_EGD, tok_R, order_R, off_S)
     gx_TD = torch.empty_like(x_TD)
-    # per chunk, summed after in chunk order (deterministic); blocks with no rows get 0
-    gw1_C, gw2_C = w1_EDG.new_empty((C, *w1_EDG.shape)), w2_EGD.new_empty((C, *w2_EGD.shape))
+    # one per chunk, summed after in chunk order into chunk 0's (deterministic, and no
+    # fresh output to page-fault); blocks with no rows get 0
+    gw1_C = [torch.empty_like(w1_EDG) for _ in range(C)]
+    gw2_C = [torch.empty_like(w2_EGD) for _ in range(C)]
     gg_R = gate_R.new_empty(T * K)
 
     def work(c):
@@ -193,27 +195,28 @@ def torch_bwd(
         for e in range(E):
             a, b = bounds[e * C + c], bounds[e * C + c + 1]
             if a == b:
-                gw1_C[c, e].zero_()
-                gw2_C[c, e].zero_()
+                gw1_C[c][e].zero_()
+                gw2_C[c][e].zero_()
                 continue
             n, tok = b - a, tok_R[a:b]
             x = torch.index_select(x_TD, 0, tok, out=x_nD[:n])
             gy = torch.index_select(gy_TD, 0, tok, out=gy_nD[:n])
             h, g = h_RG[a:b], gate_R[a:b, None]
             hg = torch.mul(h, g, out=hg_nG[:n])
-            torch.mm(hg.T, gy, out=gw2_C[c, e])
+            torch.mm(hg.T, gy, out=gw2_C[c][e])
             ghg = torch.mm(gy, w2_EGD[e].T, out=ghg_nG[:n])  # d loss / d (gate * h)
             torch.linalg.vecdot(ghg, h, out=gg_R[a:b])
             gpre = _relu_grad(ghg.mul_(g * drop_scale if drop_scale != 1.0 else g), h,
                               gpre_nG[:n])
-            torch.mm(x.T, gpre, out=gw1_C[c, e])
+            torch.mm(x.T, gpre, out=gw1_C[c][e])
             gx_TD.index_add_(0, tok, torch.mm(gpre, w1_EDG[e].T, out=gx_nD[:n]))
 
     _run(work, C)
     gg_TK = torch.empty_like(gg_R).index_copy_(0, order_R, gg_R).view(T, K)
-    if C == 1:
-        return gx_TD, gg_TK, gw1_C[0], gw2_C[0]
-    return gx_TD, gg_TK, gw1_C.sum(0), gw2_C.sum(0)
+    for c in range(1, C):
+        gw1_C[0].add_(gw1_C[c])
+        gw2_C[0].add_(gw2_C[c])
+    return gx_TD, gg_TK, gw1_C[0], gw2_C[0]
 
 
 @torch_bwd.register_fake
