@@ -4,9 +4,10 @@ parameter-equal dense twin). torch (+ triton) only, no Hydra, so it runs on GPU 
     python scripts/bench_train.py                       # GPU: WT-S and WT-B shapes, bf16
     python scripts/bench_train.py --device cpu          # CPU: the mini shapes, fp32
 
-Times forward + backward + Adam step of the Transformer-XL (memory included) after warm-up;
-prints the median ms/step, tokens/s, peak memory and the MoE/dense ratios of the same run,
-and writes JSON to benchmarks/train_<device>.json.
+Times forward + backward + Adam step of the Transformer-XL (memory included) after warm-up,
+alternating the two models step by step; prints the median ms/step, tokens/s, peak memory
+and the median of the per-round MoE/dense ratios, and writes JSON to
+benchmarks/train_<device>.json.
 """
 from __future__ import annotations
 
@@ -42,21 +43,19 @@ def build(shape: str, kind: str) -> tuple[TransformerXL, int, int, int]:
     return TransformerXL(cfg), ctx, batch, vocab
 
 
-def time_steps(model, ctx, batch, vocab, device, dtype, warmup, reps) -> dict:
-    model.to(device).train()
+def make_step(model, ctx, batch, vocab, device, dtype):
+    """-> step(): one timed training step (forward with memory, backward, clip, Adam)."""
     opt = torch.optim.Adam(model.parameters(), lr=1e-4)
     amp = (torch.autocast(device.type, dtype=dtype) if dtype != torch.float32
            else nullcontext())
     tokens = torch.randint(0, vocab, (batch, ctx + 1), device=device)
-    mems, times = None, []
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats()
-    for i in range(warmup + reps):
-        if device.type == "cuda":
-            torch.cuda.synchronize()
+    state = {"mems": None}
+
+    def step() -> float:
+        sync(device)
         t0 = time.perf_counter()
         with amp:
-            logits, mems = model(tokens[:, :-1], mems)
+            logits, state["mems"] = model(tokens[:, :-1], state["mems"])
             loss = F.cross_entropy(logits.float().flatten(0, 1), tokens[:, 1:].flatten())
             reg = model.pop_loss()
             loss = loss if reg is None else loss + reg
@@ -64,24 +63,57 @@ def time_steps(model, ctx, batch, vocab, device, dtype, warmup, reps) -> dict:
         torch.nn.utils.clip_grad_norm_(model.parameters(), 0.25)
         opt.step()
         opt.zero_grad(set_to_none=True)
+        sync(device)
+        return time.perf_counter() - t0
+
+    return step
+
+
+def sync(device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def bench_shape(shape, device, dtype, warmup, reps) -> dict:
+    """Both twins of one shape: warm-up (and peak memory) one model at a time, then `reps`
+    rounds of one dense step and one sigma-MoE step, so that a drift of the machine's speed
+    hits both alike; the ratio is the median of the per-round ratios."""
+    row, steps = {}, {}
+    for kind in ("dense", "sigma_moe"):
+        torch.manual_seed(0)
+        model, ctx, batch, vocab = build(shape, kind)
+        base = torch.cuda.memory_allocated() if device.type == "cuda" else 0
+        model.to(device).train()
         if device.type == "cuda":
-            torch.cuda.synchronize()
-        if i >= warmup:
-            times.append(time.perf_counter() - t0)
-    ms = 1000 * statistics.median(times)
-    peak = torch.cuda.max_memory_allocated() / 2**20 if device.type == "cuda" else None
-    return {"ms": ms, "tokens_per_s": batch * ctx / ms * 1000, "peak_mb": peak,
-            "n_params": n_params(model)}
+            torch.cuda.reset_peak_memory_stats()
+        steps[kind] = make_step(model, ctx, batch, vocab, device, dtype)
+        for _ in range(max(warmup, 1)):  # at least one: Adam's state exists from then on
+            steps[kind]()
+        peak = ((torch.cuda.max_memory_allocated() - base) / 2**20
+                if device.type == "cuda" else None)
+        row[kind] = {"peak_mb": peak, "n_params": n_params(model), "tokens": batch * ctx,
+                     "ms_all": []}
+    for _ in range(reps):
+        for kind in steps:
+            row[kind]["ms_all"].append(1000 * steps[kind]())
+    for kind in steps:
+        r = row[kind]
+        r["ms"] = statistics.median(r["ms_all"])
+        r["tokens_per_s"] = r.pop("tokens") / r["ms"] * 1000
+    ratios = [m / d for m, d in zip(row["sigma_moe"]["ms_all"], row["dense"]["ms_all"])]
+    row["moe_over_dense_time"] = statistics.median(ratios)
+    row["moe_over_dense_range"] = [min(ratios), max(ratios)]
+    return row
 
 
 def main(argv=None) -> dict:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
     ap.add_argument("--device", choices=("cuda", "cpu"),
                     default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--shapes", nargs="*", choices=list(SHAPES))
     ap.add_argument("--dtype", choices=("bf16", "fp16", "fp32"))
-    ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--warmup", type=int, default=3, help="steps per model before timing")
+    ap.add_argument("--reps", type=int, default=10, help="timed rounds (one step of each)")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
     device = torch.device(args.device)
@@ -89,22 +121,19 @@ def main(argv=None) -> dict:
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[
         args.dtype or ("bf16" if device.type == "cuda" else "fp32")]
     name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
-    out = {"device": name, "dtype": str(dtype), "torch": torch.__version__, "results": {}}
+    out = {"device": name, "dtype": str(dtype), "torch": torch.__version__,
+           "threads": torch.get_num_threads(), "results": {}}
     print(f"{'shape':10} {'ffn':10} {'params':>8} {'ms/step':>9} {'tok/s':>9} {'peak MB':>9}")
     for shape in shapes:
-        row = {}
+        row = bench_shape(shape, device, dtype, args.warmup, args.reps)
         for kind in ("dense", "sigma_moe"):
-            torch.manual_seed(0)
-            model, ctx, batch, vocab = build(shape, kind)
-            row[kind] = time_steps(model, ctx, batch, vocab, device, dtype, args.warmup,
-                                   args.reps)
             r = row[kind]
             peak = f"{r['peak_mb']:.0f}" if r["peak_mb"] is not None else "-"
             print(f"{shape:10} {kind:10} {r['n_params'] / 1e6:7.1f}M {r['ms']:9.1f} "
                   f"{r['tokens_per_s']:9.0f} {peak:>9}")
-            del model
-        row["moe_over_dense_time"] = row["sigma_moe"]["ms"] / row["dense"]["ms"]
-        print(f"{shape:10} sigma-MoE / dense step time: {row['moe_over_dense_time']:.2f}x")
+        lo, hi = row["moe_over_dense_range"]
+        print(f"{shape:10} sigma-MoE / dense step time: {row['moe_over_dense_time']:.2f}x "
+              f"(median of {args.reps} paired rounds, range {lo:.2f}-{hi:.2f})")
         out["results"][shape] = row
     path = args.out or Path(__file__).resolve().parent.parent / "benchmarks" / (
         f"train_{name.replace(' ', '_').lower()}.json")
