@@ -5,11 +5,11 @@
 One routing sort (kernels/routing.py), then a loop over experts on contiguous sorted row
 blocks, with a hand-written backward that reuses the sort. Why it beats the per-expert
 reference and `torch._grouped_mm` on a CPU:
-- one worker thread per core pair (2 on this 2-core box), each owning a token chunk
-  (routing with n_chunks=C) and running single-threaded ops: no OpenMP fork-join per small
-  op (on a loaded machine each join waits for a descheduled thread: 3x slower), and no
-  two workers write the same output row; partial weight gradients per chunk are summed in
-  chunk order;
+- one worker thread per core (at most 4; the caller is one of them), each owning a token
+  chunk at a time (routing with n_chunks=C) and running single-threaded ops: no OpenMP
+  fork-join per small op (on a loaded machine each join waits for a descheduled thread:
+  3x slower), and no two workers write the same output row; partial weight gradients per
+  chunk are summed in chunk order;
 - every temporary is one expert block (n x D, a few MB) of a per-call workspace: glibc
   hands such blocks back from its heap, while each fresh 64 MB tensor (R x D) is mmap'ed
   and page-faulted anew, which costs as much as a matrix product here;
@@ -40,8 +40,8 @@ CHUNKS_PER_WORKER = 1  # more, smaller chunks gave no cache win here, only small
 
 
 def _workers() -> int:
-    """Worker threads: one per 1-2 cores, with OpenMP only (where thread counts are
-    per-thread state), at most 4 (each adds a chunk of partial weight gradients)."""
+    """Worker threads: one per core, with OpenMP only (where thread counts are per-thread
+    state), at most 4 (each adds a chunk of partial weight gradients)."""
     threads = torch.get_num_threads()
     if threads < 2 or "OpenMP" not in torch.__config__.parallel_info():
         return 1
