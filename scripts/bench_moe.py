@@ -379,6 +379,14 @@ def main(argv=None) -> dict:
         plot(name, cases, out_dir / f"{stem}_{name}.png")
     if not cuda and not args.no_target:
         out["target"] = cpu_target(args, dtype, backends, peaks)
+    cases = [c for cs in out["sweeps"].values() for c in cs] + (
+        [out["target"]] if "target" in out else [])
+    below = min((r["x_roofline"] for c in cases for r in c["results"].values()), default=1.0)
+    if below < 1:  # a layer beat the "peak": it was measured while the machine was slower
+        out["roofline_warning"] = (f"a layer ran at {1 / below:.2f}x the {peaks['source']} "
+                                   "peak: the roofline columns are pessimistic")
+        print(f"note: {out['roofline_warning']} (set the real peak with --peak-tflops / "
+              "--peak-gbps)")
     path = args.out or out_dir / f"{stem}.json"
     path.write_text(json.dumps(out, indent=1))
     print(f"wrote {path}")
