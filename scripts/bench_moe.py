@@ -5,8 +5,9 @@ Reproduces the benchmark figures of the paper's appendix (Figs. `benchmark_es128
 K = 4, one dense MLP (d_ff) against one sigma-MoE layer (selection + N_E experts of size G),
 for every backend of `kernels.moe_mlp` (Triton fused / unfused, torch._grouped_mm, the torch
 path, the per-expert loop). Medians of repeated runs after warm-up, ratios to the dense MLP
-of the same run, FLOP and byte counts with the roofline time, a table on stdout, JSON (and
-PNG plots, when matplotlib is installed) under benchmarks/.
+of the same run, FLOP and byte counts with the roofline time, a table on stdout, JSON under
+benchmarks/ and, when matplotlib is installed, the figures of scripts/plot_bench.py in the
+folder of the JSON's name (benchmarks/moe_<device>/).
 
     python scripts/bench_moe.py                 # GPU: all sweeps of the paper, bf16
     python scripts/bench_moe.py --device cpu    # small CPU sweeps + the CPU target case
@@ -95,7 +96,8 @@ def device_peaks(args, device: str, dtype: torch.dtype) -> dict:
             flop_s, bw = (f32 if dtype == torch.float32 else f16), b
             break
     source = "table" if flop_s else "measured"
-    if flop_s is None:  # unknown device (or a CPU): measure a large product and a copy
+    # unknown device (or a CPU): measure a large product and a copy, unless both are given
+    if flop_s is None and not (args.peak_tflops and args.peak_gbps):
         flop_s, bw = measure_peaks(device, dtype)
     return {"device": name, "flop_s": args.peak_tflops * 1e12 if args.peak_tflops else flop_s,
             "bytes_s": args.peak_gbps * 1e9 if args.peak_gbps else bw,
@@ -112,9 +114,14 @@ def measure_peaks(device: str, dtype: torch.dtype) -> tuple[float, float]:
 
 
 # ------------------------------------------------------------------------ timing
-def sync(device):
+def sync(device: str) -> None:
     if device == "cuda":
         torch.cuda.synchronize()
+
+
+def device_slug(name: str) -> str:
+    """'NVIDIA H100 80GB HBM3' -> 'nvidia_h100_80gb_hbm3': benchmark JSON file names."""
+    return "".join(ch if ch.isalnum() else "_" for ch in name.lower()).strip("_")
 
 
 def time_all(fns: dict, device: str, warmup: int, reps: int) -> dict[str, list[float]]:
@@ -209,14 +216,14 @@ def make_layers(c: dict, T: int, K: int, device: str, dtype: torch.dtype, backen
             torch.autograd.grad(y, wrt, gy)
         return run
 
-    with torch.no_grad():  # a fixed routing for the experts-only variant
-        gate0, expert0 = torch.sigmoid(x @ w3.T).topk(K, dim=-1)
-
-    def experts_only():  # kernels.moe_mlp alone: no selection network, no gate gradient
-        return kernels.moe_mlp(x, expert0, gate0, w1, w2, backend="torch"), (x, w1, w2)
-
     extra = {}
     if extras:
+        with torch.no_grad():  # a fixed routing for the experts-only variant
+            gate0, expert0 = torch.sigmoid(x @ w3.T).topk(K, dim=-1)
+
+        def experts_only():  # kernels.moe_mlp alone: no selection network, no gate gradient
+            return kernels.moe_mlp(x, expert0, gate0, w1, w2, backend="torch"), (x, w1, w2)
+
         extra = {"dense_nobias": layer(dense_nobias), "torch_experts_only": layer(experts_only)}
     return {"dense": layer(dense), **extra, **{b: layer(moe(b)) for b in backends}}
 
@@ -235,7 +242,10 @@ def usable_backends(requested, device, dtype) -> tuple[list[str], dict[str, str]
         problem = kernels.backend_problem(b, x, w1)
         if device == "cpu" and b.startswith("triton"):
             problem = "the Triton interpreter is far too slow to time"
-        (skipped.__setitem__(b, problem) if problem else ok.append(b))
+        if problem:
+            skipped[b] = problem
+        else:
+            ok.append(b)
     return ok, skipped
 
 
@@ -294,33 +304,6 @@ def print_case(sweep: str, case: dict) -> None:
     sys.stdout.flush()
 
 
-def plot(sweep: str, cases: list[dict], path: Path) -> None:
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib is not installed: no plot")
-        return
-    xkey = {"n_experts": "n_experts", "expert_size": "expert_size"}.get(sweep, "d_model")
-    xs = [c[xkey] for c in cases]
-    fig, ax = plt.subplots(figsize=(6, 4))
-    ax_mem = ax.twinx()
-    for i, name in enumerate(cases[0]["results"]):
-        color = f"C{i}"
-        ax.plot(xs, [c["results"][name]["ms"] for c in cases], "-o", color=color, label=name)
-        key = "peak_mb" if cases[0]["results"][name]["peak_mb"] is not None else "saved_mb"
-        ax_mem.plot(xs, [c["results"][name][key] for c in cases], "--", color=color)
-    ax.set_xlabel({"d_model": "d_model", "n_experts": "N_E", "expert_size": "G"}[xkey])
-    ax.set_ylabel("forward+backward time (ms), solid")
-    ax_mem.set_ylabel("peak (GPU) / saved (CPU) memory, MB, dashed")
-    ax.legend(fontsize=8)
-    ax.set_title(f"{sweep}: |B|={cases[0]['tokens']}, K={cases[0]['k']}", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--device", choices=["cuda", "cpu"],
@@ -339,7 +322,8 @@ def main(argv=None) -> dict:
     p.add_argument("--check", action="store_true", help="verify every backend first")
     p.add_argument("--no-target", action="store_true", help="cpu: skip the target case")
     p.add_argument("--out", type=Path,
-                   help="JSON path; default benchmarks/moe_<device name>.json (moe_cpu.json)")
+                   help="JSON path; default benchmarks/moe_<device name>.json (moe_cpu.json); "
+                        "plots go to the folder of the same name")
     args = p.parse_args(argv)
     cuda = args.device == "cuda"
     all_sweeps = sweeps(args.device)
@@ -366,8 +350,7 @@ def main(argv=None) -> dict:
            "triton": getattr(sys.modules.get("triton"), "__version__", None),
            "threads": torch.get_num_threads(), "peaks": peaks, "skipped": skipped,
            "sweeps": {}}
-    slug = "".join(ch if ch.isalnum() else "_" for ch in peaks["device"].lower()).strip("_")
-    stem = args.out.stem if args.out else f"moe_{slug}"
+    stem = args.out.stem if args.out else f"moe_{device_slug(peaks['device'])}"
     out_dir = args.out.parent if args.out else ROOT / "benchmarks"
     out_dir.mkdir(parents=True, exist_ok=True)
     for name in list(all_sweeps) if args.sweeps is None else args.sweeps:
@@ -376,7 +359,6 @@ def main(argv=None) -> dict:
         for c in cases:
             print_case(name, c)
         out["sweeps"][name] = cases
-        plot(name, cases, out_dir / f"{stem}_{name}.png")
     if not cuda and not args.no_target:
         out["target"] = cpu_target(args, dtype, backends, peaks)
     cases = [c for cs in out["sweeps"].values() for c in cs] + (
@@ -390,6 +372,13 @@ def main(argv=None) -> dict:
     path = args.out or out_dir / f"{stem}.json"
     path.write_text(json.dumps(out, indent=1))
     print(f"wrote {path}")
+    if out["sweeps"]:
+        try:
+            from scripts import plot_bench
+        except ImportError:  # matplotlib is optional on a bare GPU machine
+            print("matplotlib is not installed: no plots (scripts/plot_bench.py draws them)")
+        else:
+            plot_bench.main([str(path), "--out", str(out_dir / stem)])
     return out
 
 

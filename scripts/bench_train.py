@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from models.ffn.dense import DenseConfig  # noqa: E402
 from models.ffn.sigma_moe import SigmaMoEConfig  # noqa: E402
 from models.transformer_xl import TransformerXL, TransformerXLConfig, n_params  # noqa: E402
+from scripts.bench_moe import DTYPES, device_slug, sync  # noqa: E402
 
 # name: (d_model, layers, heads, head_dim, ctx, batch, vocab, dense d_ff, N_E, G, K)
 SHAPES = {
@@ -52,7 +53,7 @@ def make_step(model, ctx, batch, vocab, device, dtype):
     state = {"mems": None}
 
     def step() -> float:
-        sync(device)
+        sync(device.type)
         t0 = time.perf_counter()
         with amp:
             logits, state["mems"] = model(tokens[:, :-1], state["mems"])
@@ -63,15 +64,10 @@ def make_step(model, ctx, batch, vocab, device, dtype):
         torch.nn.utils.clip_grad_norm_(model.parameters(), 0.25)
         opt.step()
         opt.zero_grad(set_to_none=True)
-        sync(device)
+        sync(device.type)
         return time.perf_counter() - t0
 
     return step
-
-
-def sync(device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize()
 
 
 def bench_shape(shape, device, dtype, warmup, reps) -> dict:
@@ -111,15 +107,14 @@ def main(argv=None) -> dict:
     ap.add_argument("--device", choices=("cuda", "cpu"),
                     default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--shapes", nargs="*", choices=list(SHAPES))
-    ap.add_argument("--dtype", choices=("bf16", "fp16", "fp32"))
+    ap.add_argument("--dtype", choices=list(DTYPES))
     ap.add_argument("--warmup", type=int, default=3, help="steps per model before timing")
     ap.add_argument("--reps", type=int, default=10, help="timed rounds (one step of each)")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
     device = torch.device(args.device)
     shapes = args.shapes or (["wt_small", "wt_big"] if device.type == "cuda" else ["mini"])
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[
-        args.dtype or ("bf16" if device.type == "cuda" else "fp32")]
+    dtype = DTYPES[args.dtype or ("bf16" if device.type == "cuda" else "fp32")]
     name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
     out = {"device": name, "dtype": str(dtype), "torch": torch.__version__,
            "threads": torch.get_num_threads(), "results": {}}
@@ -136,8 +131,8 @@ def main(argv=None) -> dict:
               f"(median of {args.reps} paired rounds, range {lo:.2f}-{hi:.2f})")
         out["results"][shape] = row
     path = args.out or Path(__file__).resolve().parent.parent / "benchmarks" / (
-        f"train_{name.replace(' ', '_').lower()}.json")
-    path.parent.mkdir(exist_ok=True)
+        f"train_{device_slug(name)}.json")
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(out, indent=1) + "\n")
     print(f"wrote {path}")
     return out
