@@ -52,8 +52,9 @@ def dense_counterpart(cfg: ExpertsConfig) -> DenseConfig:
     return DenseConfig(d_model=cfg.d_model, n_layers=cfg.n_layers, d_ff=cfg.d_ff)
 
 
-def relative_ffn_flops(moe_cfg: ExpertsConfig, dense_cfg: DenseConfig | None = None) -> float:
+def relative_ffn_flops(moe_cfg: ExpertsConfig, dense_cfg: DenseConfig | None = None,
+                       include_selection: bool = False) -> float:
     """FLOPs of `moe_cfg`'s FFN block / those of `dense_cfg` (default: its dense counterpart
-    with d_ff = N_E * G, giving the paper's K / N_E)."""
+    with d_ff = N_E * G, giving the paper's K / N_E); `include_selection` as `ffn_flops`."""
     dense_cfg = dense_counterpart(moe_cfg) if dense_cfg is None else dense_cfg
-    return ffn_flops(moe_cfg) / ffn_flops(dense_cfg)
+    return ffn_flops(moe_cfg, include_selection) / ffn_flops(dense_cfg)

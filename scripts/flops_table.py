@@ -21,7 +21,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from models.ffn.experts import ExpertsConfig  # noqa: E402
-from models.flops import dense_counterpart, ffn_flops  # noqa: E402
+from models.flops import relative_ffn_flops  # noqa: E402
 
 MOE_KINDS = ("sigma_moe", "switch", "sbase")
 
@@ -45,7 +45,7 @@ def config_relative_flops(cfg: dict[str, Any], include_selector: bool = False) -
             return None
         d_model = 1
     moe = ExpertsConfig(d_model=d_model, n_layers=1, n_experts=n_e, expert_size=g, k=k)
-    return ffn_flops(moe, include_selector) / ffn_flops(dense_counterpart(moe))
+    return relative_ffn_flops(moe, include_selection=include_selector)
 
 
 def format_percent(x: float | None) -> str:
