@@ -38,10 +38,6 @@ class Routing:
     def n_rows(self) -> int:
         return self.n_tokens * self.k
 
-    def expert_offsets(self) -> torch.Tensor:
-        """int64 [E + 1]: rows of expert e are off[e] : off[e + 1]."""
-        return self.off_S[:: self.n_chunks * self.k].long()
-
     def inverse_R(self) -> torch.Tensor:
         """int64 [R]: sorted row of flat index t*K + k (the inverse permutation of order_R)."""
         inv = torch.empty_like(self.order_R)

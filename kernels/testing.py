@@ -53,6 +53,16 @@ def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
     return ((got.double() - want.double()).abs().max() / scale).item()
 
 
+def over_tolerance(errs: dict[str, float], dtype: torch.dtype) -> dict[str, float]:
+    """The relative errors of `compare` that exceed the tolerance of `dtype` (NaN included)."""
+    return {k: v for k, v in errs.items() if not v <= TOLERANCE[dtype]}
+
+
+def assert_close(errs: dict[str, float], dtype: torch.dtype) -> None:
+    bad = over_tolerance(errs, dtype)
+    assert not bad, f"relative errors over {TOLERANCE[dtype]}: {bad}"
+
+
 def compare(got, want) -> dict[str, float]:
     """Relative errors of y and of every gradient: {'y': .., 'x': .., 'gate': .., ...}."""
     (y, grads), (y_ref, grads_ref) = got, want

@@ -36,11 +36,14 @@ from torch import Tensor
 _POOL: ThreadPoolExecutor | None = None
 
 
+_OPENMP = "OpenMP" in torch.__config__.parallel_info()  # fixed when torch was built
+
+
 def _workers() -> int:
     """Worker threads: one per core, with OpenMP only (where thread counts are per-thread
     state), at most 4 (each adds a chunk of partial weight gradients)."""
     threads = torch.get_num_threads()
-    if threads < 2 or "OpenMP" not in torch.__config__.parallel_info():
+    if threads < 2 or not _OPENMP:
         return 1
     return min(threads, 4)
 

@@ -31,11 +31,11 @@ def variants(dt: str = "bf16"):
              "scale_ptr": dt, "order_ptr": "i64"}
     return [
         # up-projection + ReLU: x [T, D], W1[e, d, g]
-        ("gather_mm_kernel", {**base, "GATHER": True, "EPILOGUE": 1, "SEG_P2": 128},
+        ("gather_mm_kernel", {**base, "EPILOGUE": 1, "SEG_P2": 128},
          ["stride_ak", "stride_wn", "stride_cn"],
          ["N", "KD", "stride_am", "stride_we", "stride_wk", "stride_cm"], g_ptr),
         # fused backward of gate*ReLU: dy [T, D], W = W2^T (unit stride along k)
-        ("gather_mm_kernel", {**base, "GATHER": True, "EPILOGUE": 2, "SEG_P2": 128},
+        ("gather_mm_kernel", {**base, "EPILOGUE": 2, "SEG_P2": 128},
          ["stride_ak", "stride_wk", "stride_cn"],
          ["N", "KD", "stride_am", "stride_we", "stride_wn", "stride_cm"], g_ptr),
         # gate-scaled down-projection of one slot: h [R, G], W2[e, g, d]

@@ -68,9 +68,11 @@ def _segment_tile(pid_m, off_ptr, n_seg, seg_stride, seg_first, reverse,
     return seg, row0, row_end
 
 
-# The interpreter re-patches triton.language at every call of a @triton.jit helper (~0.3 ms,
-# a third of the CPU tests' time); there the helper runs as the plain Python it is.
-if os.environ.get("TRITON_INTERPRET", "0") != "1":
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+# The interpreter re-patches triton.language at every call of a @triton.jit helper; there
+# the helper runs as the plain Python it is.
+if not INTERPRET:
     _segment_tile = triton.jit(_segment_tile)
 
 
@@ -106,11 +108,11 @@ def gather_mm_kernel(
     h_ptr, gate_ptr, order_ptr, gpart_ptr,  # EPI_GATE_RELU_BWD only
     n_exp, n_slots, N, KD, stride_gpart,
     stride_am, stride_ak, stride_we, stride_wk, stride_wn, stride_cm, stride_cn,
-    GATHER: tl.constexpr, EPILOGUE: tl.constexpr, DOT_F32: tl.constexpr,
+    EPILOGUE: tl.constexpr, DOT_F32: tl.constexpr,
     PRECISION: tl.constexpr, SEG_P2: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    """C[r, :] = epilogue(A[tok[r] if GATHER else r, :] @ W[e_r]), r over expert segments.
+    """C[r, :] = epilogue(A[tok[r], :] @ W[e_r]), r over expert segments.
 
     EPI_GATE_RELU_BWD: the product is d loss/d(gate*h); with h (same layout as C) and the
     gate it stores C = d loss/d pre-ReLU and the partial d gate of this column tile.
@@ -127,10 +129,7 @@ def gather_mm_kernel(
     e = seg // n_slots
     rows = row0 + tl.arange(0, BLOCK_M)
     row_ok = rows < row_end
-    if GATHER:
-        a_rows = tl.load(tok_ptr + rows, mask=row_ok, other=0).to(tl.int64)
-    else:
-        a_rows = rows.to(tl.int64)
+    a_rows = tl.load(tok_ptr + rows, mask=row_ok, other=0).to(tl.int64)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < N
     acc = _rows_times_expert(a_ptr, w_ptr, a_rows, row_ok, cols, col_ok, e, KD,

@@ -8,8 +8,6 @@ Shapes: tok_R int32 [R], off_S int32 [E*K+1] (kernels/routing.py), W[e, k, n] an
 """
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 
@@ -17,12 +15,12 @@ from kernels.triton_cvmm import (
     EPI_GATE_RELU_BWD,
     EPI_NONE,
     EPI_RELU,
+    INTERPRET,
     gather_mm_kernel,
     scatter_mm_kernel,
     wgrad_kernel,
 )
 
-INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 _INTERPRET_BLOCKS = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16}
 
 
@@ -42,12 +40,13 @@ _WGRAD_CONFIGS = [
     _cfg(128, 128, 64, 8, 4), _cfg(128, 128, 32, 4, 4), _cfg(64, 128, 64, 4, 4),
     _cfg(128, 64, 64, 4, 4),
 ]
-_MIN_BLOCK_N = 16 if INTERPRET else min(c.kwargs["BLOCK_N"] for c in _MM_CONFIGS)
+_MIN_BLOCK_N = (_INTERPRET_BLOCKS["BLOCK_N"] if INTERPRET
+                else min(c.kwargs["BLOCK_N"] for c in _MM_CONFIGS))
 
 if INTERPRET:
     _gather_mm, _scatter_mm, _wgrad = gather_mm_kernel, scatter_mm_kernel, wgrad_kernel
 else:
-    _gather_mm = triton.autotune(_MM_CONFIGS, key=["N", "KD", "GATHER", "EPILOGUE"])(
+    _gather_mm = triton.autotune(_MM_CONFIGS, key=["N", "KD", "EPILOGUE"])(
         gather_mm_kernel)
     # the slot kernel reads what it writes: every timing trial must start from the same Y
     _scatter_mm = triton.autotune(_MM_CONFIGS, key=["N", "KD", "HAS_SCALE"],
@@ -77,9 +76,8 @@ def _n_slots(off_S: torch.Tensor, n_exp: int) -> int:
     return (off_S.numel() - 1) // n_exp
 
 
-def gather_mm(a, w_EKN, tok_R, off_S, gather=True, epilogue=EPI_NONE,
-              h=None, gate=None, order_R=None):
-    """C[r] = epi(A[tok[r] if gather else r] @ W[e_r]) -> C [R, N] (and d gate partials)."""
+def gather_mm(a, w_EKN, tok_R, off_S, epilogue=EPI_NONE, h=None, gate=None, order_R=None):
+    """C[r] = epi(A[tok[r]] @ W[e_r]) -> C [R, N] (and d gate partials)."""
     E, KD, N = w_EKN.shape
     R = tok_R.numel()
     c = torch.empty(R, N, dtype=a.dtype, device=a.device)
@@ -97,7 +95,7 @@ def gather_mm(a, w_EKN, tok_R, off_S, gather=True, epilogue=EPI_NONE,
         order_R if order_R is not None else tok_R, gpart if gpart is not None else dummy,
         E, _n_slots(off_S, E), N, KD, R,
         a.stride(0), a.stride(1), *w_EKN.stride(), c.stride(0), c.stride(1),
-        GATHER=gather, EPILOGUE=epilogue, SEG_P2=_seg_p2(off_S.numel() - 1),
+        EPILOGUE=epilogue, SEG_P2=_seg_p2(off_S.numel() - 1),
         **_dot_args(a.dtype), **_blocks(),
     )
     return c if gpart is None else (c, gpart)

@@ -25,14 +25,14 @@ from kernels.triton_launch import EPI_GATE_RELU_BWD, EPI_RELU
 
 
 def _n_tokens(tok_R: Tensor, off_S: Tensor, n_exp: int) -> int:
-    return tok_R.shape[0] // ((off_S.shape[0] - 1) // n_exp)
+    return tok_R.shape[0] // launch._n_slots(off_S, n_exp)
 
 
 # ----------------------------------------------------------------------------- unfused CVMM
 @torch.library.custom_op("sigma_moe::cvmm_gather", mutates_args=())
 def cvmm_gather(x_TD: Tensor, w_EDN: Tensor, tok_R: Tensor, off_S: Tensor) -> Tensor:
     """C[r] = x[tok[r]] @ W[e_r], rows r in sorted order."""
-    return launch.gather_mm(x_TD, w_EDN, tok_R, off_S, gather=True)
+    return launch.gather_mm(x_TD, w_EDN, tok_R, off_S)
 
 
 @cvmm_gather.register_fake
@@ -108,7 +108,7 @@ def fused_fwd(x_TD: Tensor, gate_TK: Tensor, w1_EDG: Tensor, w2_EGD: Tensor,
               tok_R: Tensor, order_R: Tensor, off_S: Tensor) -> tuple[Tensor, Tensor]:
     """-> (y_TD, h_RG): up-projection + ReLU in one kernel, gate-scaled down-projection
     summed over the K slots in place (K launches of one kernel)."""
-    h_RG = launch.gather_mm(x_TD, w1_EDG, tok_R, off_S, gather=True, epilogue=EPI_RELU)
+    h_RG = launch.gather_mm(x_TD, w1_EDG, tok_R, off_S, epilogue=EPI_RELU)
     y_TD = launch.scatter_mm(h_RG, w2_EGD, tok_R, off_S, x_TD.shape[0],
                              scale=gate_TK.reshape(-1), order_R=order_R)
     return y_TD, h_RG
@@ -128,7 +128,7 @@ def fused_bwd(gy_TD: Tensor, x_TD: Tensor, gate_TK: Tensor, w1_EDG: Tensor, w2_E
     T, K = gate_TK.shape
     gate_flat = gate_TK.reshape(-1)
     # d(gate*h) = gy[tok] W2^T, then in the epilogue: d gate and d pre-ReLU = gate*d(gate*h)*[h>0]
-    gpre_RG, gpart = launch.gather_mm(gy_TD, w2_EGD.transpose(1, 2), tok_R, off_S, True,
+    gpre_RG, gpart = launch.gather_mm(gy_TD, w2_EGD.transpose(1, 2), tok_R, off_S,
                                       EPI_GATE_RELU_BWD, h=h_RG, gate=gate_flat,
                                       order_R=order_R)
     gw2 = launch.wgrad(h_RG, gy_TD, tok_R, off_S, E, gather_a=False, gather_b=True,

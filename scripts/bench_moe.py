@@ -31,7 +31,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import kernels  # noqa: E402
-from kernels.testing import TOLERANCE, compare, random_case, reference_case, run_case  # noqa: E402
+from kernels.testing import (  # noqa: E402
+    compare,
+    over_tolerance,
+    random_case,
+    reference_case,
+    run_case,
+)
 
 BACKENDS = ("triton", "triton_unfused", "grouped_mm", "torch", "reference")
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -257,7 +263,7 @@ def check_backends(backends, device, dtype) -> None:
     failed = False
     for b in backends:
         errs = compare(run_case(case, b), want)
-        bad = {k: v for k, v in errs.items() if not v <= TOLERANCE[dtype]}
+        bad = over_tolerance(errs, dtype)
         print(f"check {b:15s} max rel err {max(errs.values()):.2e} " +
               ("FAIL " + str(bad) if bad else "ok"))
         failed |= bool(bad)
