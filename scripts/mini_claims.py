@@ -33,10 +33,9 @@ import statistics
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from scripts.paper_tables import by_experiment, find_runs, mean_std  # noqa: E402
+from scripts.paper_tables import by_experiment, find_runs, fmt_metric, ours_text  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 T_MIN = 2.0  # |t| needed for "beats"
@@ -157,10 +156,6 @@ def mini_rows(exp_dir: Path) -> dict[str, str]:
     return rows
 
 
-def _fmt(x: float, metric: str) -> str:
-    return f"{x:.3f}" if metric == "bpc" else f"{x:.2f}"
-
-
 def tokens_per_s(run_dir: Path) -> float | None:
     """Median of the run's logged `train/tokens_per_s` (robust to a busy moment)."""
     path = run_dir / "metrics.jsonl"
@@ -175,13 +170,6 @@ def tokens_per_s(run_dir: Path) -> float | None:
         if isinstance(v, (int, float)):
             vals.append(float(v))
     return statistics.median(vals) if vals else None
-
-
-def _results(run_dir: Path) -> dict[str, Any]:
-    try:
-        return json.loads((run_dir / "results.json").read_text())
-    except (OSError, ValueError):
-        return {}
 
 
 def _mean(xs: list[float | None]) -> float | None:
@@ -214,10 +202,9 @@ def collect(roots: list[Path], all_overrides: bool = False) -> Collected:
             if counts:
                 out.params[key] = statistics.fmean(counts)
             dirs = [Path(r.source) for r in found if not r.source.startswith("wandb:")]
-            res = [_results(d) for d in dirs]
             out.speed[key] = {"tok_s": _mean([tokens_per_s(d) for d in dirs]),
-                              "train_s": _mean([r.get("train_seconds") for r in res]),
-                              "peak_rss_mb": _mean([r.get("peak_rss_mb") for r in res])}
+                              "train_s": _mean([r.results.get("train_seconds") for r in found]),
+                              "peak_rss_mb": _mean([r.results.get("peak_rss_mb") for r in found])}
     return out
 
 
@@ -228,26 +215,22 @@ def render_results(c: Collected, rows: dict[str, str]) -> str:
                   for col in cols)]
     lines = ["### Mini: the paper's variants at laptop scale (test, fixed subset; lower is "
              "better)", "", "| " + " | ".join(head) + " |", "|:--|" + "--:|" * len(cols)]
-    missing = []
     for variant in VARIANTS:
         cells = []
-        for data, col in DATASETS.items():
+        for col in DATASETS.values():
             vals = c.values.get((variant, col))
             if not vals:
                 cells.append("—")
-                missing.append(exp_name(data, variant))
                 continue
-            mean, std = mean_std(vals)
-            m = c.metric[col]
-            text = _fmt(mean, m) + ("" if std is None else f" ± {_fmt(std, m)}")
-            text += f" (n={len(vals)})" if len(vals) > 1 else ""
+            text = ours_text(vals, c.metric[col])
             if (variant, col) in c.params:
                 text += f" · {c.params[(variant, col)] / 1e6:.3g}M"
             cells.append(text)
         lines.append(f"| {rows.get(variant, variant)} | " + " | ".join(cells) + " |")
     lines += ["", "Each cell: mean ± sample std over seeds (n seeds) · parameter count."]
+    missing = [exp_name(d, v) for d, col in DATASETS.items() for v in VARIANTS
+               if not c.values.get((v, col))]
     if missing:
-        missing = [exp_name(d, v) for d in DATASETS for v in VARIANTS if exp_name(d, v) in missing]
         lines += ["", "Missing runs:",
                   f"- `python run.py -m +sweep=mini +exp={','.join(missing)}`"]
     if c.skipped:
@@ -264,10 +247,10 @@ def render_claims(results: list[ClaimResult], metric: dict[str, str]) -> str:
             lines.append(f"| {r.claim.text} | {r.column} | missing | | | | |")
             continue
         c, m = r.comparison, metric.get(r.column, "bpc")
-        pooled = "—" if c.pooled is None else _fmt(c.pooled, m)
+        pooled = "—" if c.pooled is None else fmt_metric(c.pooled, m)
         t = "—" if c.t is None else f"{c.t:+.2f}"
         lines.append(f"| {r.claim.text} | {r.column} | {r.verdict} | "
-                     f"{'+' if c.diff >= 0 else ''}{_fmt(c.diff, m)} | {100 * c.rel:+.1f}% | "
+                     f"{'+' if c.diff >= 0 else ''}{fmt_metric(c.diff, m)} | {100 * c.rel:+.1f}% | "
                      f"{pooled} | {t} |")
     lines += ["", f"a beats b: mean_a < mean_b and t <= -{T_MIN:g} (Student's t, pooled "
               f"std); a matches b: |Δ| <= {MATCH_STDS:g} pooled std or <= {100 * MATCH_REL:g}% "

@@ -158,6 +158,7 @@ class Run:
     n_params: int | None
     source: str
     mtime: float = 0.0
+    results: dict[str, Any] = field(default_factory=dict)  # the results.json of a local run
 
 
 def run_overrides(run_dir: Path, name: str) -> str | None:
@@ -194,7 +195,7 @@ def find_runs(roots: list[Path], all_overrides: bool = False) -> tuple[list[Run]
                 skipped.append(f"{path.parent}: {name} with overrides {','.join(extra)}")
                 continue
             runs.append(Run(name, res.get("seed"), metric, valid, test, res.get("n_params"),
-                            str(path.parent), path.stat().st_mtime))
+                            str(path.parent), path.stat().st_mtime, res))
     return runs, skipped
 
 
@@ -240,10 +241,6 @@ class Cell:
     flops: float | None = None
     metric: str = ""
 
-    @property
-    def mean_std(self) -> tuple[float, float | None]:
-        return mean_std(self.ours)
-
 
 @dataclass
 class Table:
@@ -273,7 +270,7 @@ def ordered(labels: list[str], preferred: tuple[str, ...]) -> list[str]:
 
 def _layout(table: str, exps: dict[str, Experiment]):
     """(row, column) -> (exp, entry) of one table, rows and columns in the paper's order."""
-    spec = TABLES.get(table, Spec(table))
+    spec = TABLES[table]
     grid: dict[tuple[str, str], tuple[Experiment, dict[str, Any]]] = {}
     rows: list[str] = []
     cols: list[str] = []
@@ -348,8 +345,16 @@ def build_flops_table(exps: dict[str, Experiment], include_selector: bool = Fals
 
 
 # -- rendering --------------------------------------------------------------------------------
-def _num(x: float, metric: str, sign: bool = False) -> str:
+def fmt_metric(x: float, metric: str, sign: bool = False) -> str:
+    """bpc with 3 decimals, perplexity with 2 (as the paper)."""
     return f"{x:{'+' if sign else ''}.{3 if metric == 'bpc' else 2}f}"
+
+
+def ours_text(values: list[float], metric: str, pm: str = " ± ") -> str:
+    """'mean ± std (n=k)' of the seeds of one cell (no std for one seed)."""
+    mean, std = mean_std(values)
+    text = fmt_metric(mean, metric) + ("" if std is None else pm + fmt_metric(std, metric))
+    return text + (f" (n={len(values)})" if len(values) > 1 else "")
 
 
 def cell_text(cell: Cell | str, latex: bool = False) -> str:
@@ -361,11 +366,10 @@ def cell_text(cell: Cell | str, latex: bool = False) -> str:
         ours = "---" if latex else "—"
         params = f"{cell.exp.params_m}M" if cell.exp and cell.exp.params_m else ""
     else:
-        mean, std = cell.mean_std
-        ours = _num(mean, cell.metric) + ("" if std is None else pm + _num(std, cell.metric))
-        ours += f" (n={len(cell.ours)})" if len(cell.ours) > 1 else ""
+        ours = ours_text(cell.ours, cell.metric, pm)
         if cell.paper is not None:
-            paper += f" (Δ {_num(mean - cell.paper, cell.metric, sign=True)})"
+            mean = statistics.fmean(cell.ours)
+            paper += f" (Δ {fmt_metric(mean - cell.paper, cell.metric, sign=True)})"
         params = f"{cell.n_params / 1e6:.3g}M" if cell.n_params else ""
     text = f"{ours} / {paper}" + (f" · {params}" if params else "")
     if cell.flops is not None:
@@ -475,9 +479,8 @@ def main(argv: list[str] | None = None) -> str:
     for s in skipped:
         if "unreadable" in s:
             print(f"warning: {s}", file=sys.stderr)
-    if args.wandb:
-        local = {(r.name, r.seed) for r in runs}
-        runs += [r for r in wandb_runs(args.wandb) if (r.name, r.seed) not in local]
+    if args.wandb:  # by_experiment prefers a local run of the same seed (newer mtime)
+        runs += wandb_runs(args.wandb)
     tables = build_all(exps, runs, skipped, args.table, args.flops_selector)
     render = render_latex if args.format == "latex" else render_markdown
     text = "\n".join(render(t) for t in tables) if tables else "no table entries in " \
