@@ -183,13 +183,14 @@ class Collected:
     metric: dict[str, str]  # column -> bpc | ppl
     params: dict[tuple[str, str], float]
     speed: dict[tuple[str, str], dict[str, float | None]]  # tok_s, train_s, peak_rss_mb
-    skipped: list[str]
+    skipped: list[str]  # runs left out, as find_runs describes them
 
 
 def collect(roots: list[Path], all_overrides: bool = False) -> Collected:
     runs, skipped = find_runs(roots, all_overrides)
     grouped = by_experiment(runs)
-    out = Collected({}, {}, {}, {}, [s for s in skipped if "/mini_" in s or ": mini_" in s])
+    mini = [s for s in skipped if (s.name or "").startswith("mini_") or "/mini_" in str(s.path)]
+    out = Collected({}, {}, {}, {}, [str(s) for s in mini])
     for data, col in DATASETS.items():
         for variant in VARIANTS:
             found = grouped.get(exp_name(data, variant), [])

@@ -161,6 +161,20 @@ class Run:
     results: dict[str, Any] = field(default_factory=dict)  # the results.json of a local run
 
 
+@dataclass(frozen=True)
+class Skipped:
+    """A results.json left out of the tables: unreadable (name None) or run with other
+    overrides than the experiment's own."""
+    path: Path
+    name: str | None = None
+    overrides: str = ""
+
+    def __str__(self) -> str:
+        if self.name is None:
+            return f"{self.path}: unreadable results.json"
+        return f"{self.path}: {self.name} with overrides {self.overrides}"
+
+
 def run_overrides(run_dir: Path, name: str) -> str | None:
     """The overrides of `.../<name>/<overrides>` ('' for `.../<name>`), None if the
     directory was chosen by hand. A `fresh=true` sibling (`-2`, `-3`) has the same ones."""
@@ -177,7 +191,7 @@ def other_overrides(overrides: str | None) -> list[str]:
     return [it for it in items if it.split("=", 1)[0].lstrip("+~") not in SEED_KEYS]
 
 
-def find_runs(roots: list[Path], all_overrides: bool = False) -> tuple[list[Run], list[str]]:
+def find_runs(roots: list[Path], all_overrides: bool = False) -> tuple[list[Run], list[Skipped]]:
     """Every finished run under `roots`; also the ones left out, with why."""
     runs, skipped = [], []
     for root in roots:
@@ -187,12 +201,12 @@ def find_runs(roots: list[Path], all_overrides: bool = False) -> tuple[list[Run]
                 metric = res["metric"]
                 valid, test = res["valid"], res["test"]
             except (OSError, ValueError, KeyError, TypeError):
-                skipped.append(f"{path}: unreadable results.json")
+                skipped.append(Skipped(path))
                 continue
             name = str(res.get("name"))
             extra = other_overrides(run_overrides(path.parent, name))
             if extra and not all_overrides:
-                skipped.append(f"{path.parent}: {name} with overrides {','.join(extra)}")
+                skipped.append(Skipped(path.parent, name, ",".join(extra)))
                 continue
             runs.append(Run(name, res.get("seed"), metric, valid, test, res.get("n_params"),
                             str(path.parent), path.stat().st_mtime, res))
@@ -286,7 +300,7 @@ def _layout(table: str, exps: dict[str, Experiment]):
 
 
 def build_table(table: str, exps: dict[str, Experiment], runs: dict[str, list[Run]],
-                skipped: list[str] = ()) -> Table:
+                skipped: list[Skipped] = ()) -> Table:
     rows, cols, grid = _layout(table, exps)
     out = Table(table, TABLES[table].title, cols, [])
     for row in rows:
@@ -312,7 +326,7 @@ def build_table(table: str, exps: dict[str, Experiment], runs: dict[str, list[Ru
             cells.append(cell)
         out.rows.append((row, [], cells))
     names = {grid[k][0].name for k in grid}
-    out.notes = [s for s in skipped if any(f": {n} with" in s for n in names)]
+    out.notes = [str(s) for s in skipped if s.name in names]
     return out
 
 
@@ -438,7 +452,7 @@ def render_latex(t: Table) -> str:
     return "\n".join(lines) + "\n"
 
 
-def build_all(exps: dict[str, Experiment], runs: list[Run], skipped: list[str] = (),
+def build_all(exps: dict[str, Experiment], runs: list[Run], skipped: list[Skipped] = (),
               only: str | None = None, include_selector: bool = False) -> list[Table]:
     grouped = by_experiment(runs)
     out = []
@@ -477,7 +491,7 @@ def main(argv: list[str] | None = None) -> str:
     exps = load_experiments(args.exp_dir)
     runs, skipped = find_runs(args.runs, args.all_overrides)
     for s in skipped:
-        if "unreadable" in s:
+        if s.name is None:
             print(f"warning: {s}", file=sys.stderr)
     if args.wandb:  # by_experiment prefers a local run of the same seed (newer mtime)
         runs += wandb_runs(args.wandb)
