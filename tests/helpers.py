@@ -1,13 +1,20 @@
-"""Shared test helpers: compose configs like run.py does, and tiny-model overrides."""
+"""Shared test helpers: compose configs and sweeps like run.py does, build an experiment's
+model on the meta device, and tiny-model overrides."""
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any
 
+import torch
 from hydra import compose, initialize_config_dir
+from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
 from framework.cli import register_resolvers
+from models.transformer_xl import TransformerXL, n_params
+from tasks.lm import build_model_config
 
 CONFIGS = str(Path(__file__).resolve().parent.parent / "configs")
 
@@ -27,3 +34,31 @@ def compose_cfg(overrides: list[str], exp: str = "mini_moe") -> dict[str, Any]:
     with initialize_config_dir(config_dir=CONFIGS, version_base=None):
         cfg = compose("config", overrides=[f"+exp={exp}", *overrides])
     return OmegaConf.to_container(cfg, resolve=True)
+
+
+BYTE_VOCAB = {"enwik8": 205, "enwik_mini": 205}  # REFERENCE.md: the distinct bytes of enwik8
+
+
+@functools.cache
+def load(name: str) -> tuple[dict[str, Any], Any, int]:
+    """Composed config, validated model config and parameter count (meta device)."""
+    cfg = compose_cfg([], name)
+    data = cfg["dataset"]
+    vocab = data.get("vocab_size") or BYTE_VOCAB[data["kind"]]
+    model_cfg = build_model_config(cfg, vocab)
+    with torch.device("meta"):
+        count = n_params(TransformerXL(model_cfg))
+    return cfg, model_cfg, count
+
+
+def compose_sweep(table: str, *overrides: str):
+    with initialize_config_dir(config_dir=CONFIGS, version_base=None):
+        return compose("config", overrides=[f"+sweep={table}", *overrides],
+                       return_hydra_config=True)
+
+
+def jobs(cfg, *cli: str) -> list[dict[str, str]]:
+    """The jobs BasicSweeper launches: its params, then command-line overrides (which win)."""
+    args = [f"{k}={v}" for k, v in cfg.hydra.sweeper.params.items()] + list(cli)
+    batches = BasicSweeper.split_arguments(OverridesParser.create().parse_overrides(args), None)
+    return [dict(o.split("=", 1) for o in job) for batch in batches for job in batch]

@@ -5,14 +5,11 @@ configs/exp/README.md, and together they cover every cell of the paper's result 
 """
 from __future__ import annotations
 
-import functools
 import re
 from collections import Counter
 from pathlib import Path
-from typing import Any
 
 import pytest
-import torch
 from omegaconf import OmegaConf
 
 from models.ffn.dense import DenseConfig
@@ -21,9 +18,7 @@ from models.ffn.pkm import PKMConfig
 from models.ffn.sigma_moe import SigmaMoEConfig
 from models.ffn.topk import TopKConfig
 from models.flops import dense_counterpart, ffn_flops, relative_ffn_flops
-from models.transformer_xl import TransformerXL, n_params
-from tasks.lm import build_model_config
-from tests.helpers import compose_cfg
+from tests.helpers import load
 
 EXP_DIR = Path(__file__).resolve().parent.parent / "configs" / "exp"
 EXPS = sorted(p.stem for p in EXP_DIR.glob("*.yaml"))
@@ -40,7 +35,6 @@ SETTINGS = {
     "pes2o_small": ("pes2o", 412, 16, "peS2o-S"),
     "pes2o_big": ("pes2o", 1024, 18, "peS2o-B"),
 }
-BYTE_VOCAB = {"enwik8": 205, "enwik_mini": 205}  # REFERENCE.md: the distinct bytes of enwik8
 
 NAME_RE = re.compile(
     r"^(?P<setting>wt103_(?:small|star|big)|c4_(?:small|big)|pes2o_(?:small|big)|e8)_"
@@ -116,18 +110,6 @@ FLOPS_COLUMNS = ("WT-S", "WT-S*", "WT-B", "E8")
 # Tab. moe, column "% FLOPs" of the sigma-MoE rows (the dense rows are 100%)
 MOE_TABLE_FLOPS = {"WT-S": 25.0, "WT-B": 12.5, "E8": 25.0, "C4-S": 25.0, "C4-B": 12.5,
                    "peS2o-S": 25.0, "peS2o-B": 12.5}
-
-
-@functools.cache
-def load(name: str) -> tuple[dict[str, Any], Any, int]:
-    """Composed config, validated model config and parameter count (meta device)."""
-    cfg = compose_cfg([], name)
-    data = cfg["dataset"]
-    vocab = data.get("vocab_size") or BYTE_VOCAB[data["kind"]]
-    model_cfg = build_model_config(cfg, vocab)
-    with torch.device("meta"):
-        count = n_params(TransformerXL(model_cfg))
-    return cfg, model_cfg, count
 
 
 def parse(name: str) -> re.Match:

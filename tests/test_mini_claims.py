@@ -4,22 +4,15 @@ experiment composes, shares one token budget and is parameter-matched to its den
 """
 from __future__ import annotations
 
-import functools
 import json
 import math
 from pathlib import Path
 
 import pytest
-import torch
-from hydra import compose, initialize_config_dir
-from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
-from hydra.core.override_parser.overrides_parser import OverridesParser
 
-from models.transformer_xl import TransformerXL, n_params
 from scripts import mini_claims
 from scripts.mini_claims import Claim, check_claims, compare, verdict
-from tasks.lm import build_model_config
-from tests.helpers import compose_cfg
+from tests.helpers import compose_sweep, jobs, load
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = ROOT / "configs"
@@ -125,14 +118,6 @@ def test_report_from_run_directories(tmp_path):
 
 
 # -- the experiments and the sweep -------------------------------------------------------------
-@functools.cache
-def built(name: str) -> tuple[dict, int]:
-    cfg = compose_cfg([], name)
-    vocab = cfg["dataset"].get("vocab_size") or 205  # enwik: the 205 distinct bytes of enwik8
-    with torch.device("meta"):
-        return cfg, n_params(TransformerXL(build_model_config(cfg, vocab)))
-
-
 def test_every_variant_on_both_datasets():
     assert MINI == sorted(mini_claims.exp_name(d, v) for d in mini_claims.DATASETS
                           for v in mini_claims.VARIANTS)
@@ -143,8 +128,8 @@ def test_every_variant_on_both_datasets():
 @pytest.mark.parametrize("name", MINI)
 def test_mini_experiment_is_parameter_matched_with_one_token_budget(name):
     _, data, variant = name.split("_", 2)
-    cfg, count = built(name)
-    dense_cfg, dense = built(mini_claims.exp_name(data, "dense"))
+    cfg, _, count = load(name)
+    dense_cfg, _, dense = load(mini_claims.exp_name(data, "dense"))
     assert cfg["name"] == name and cfg["dataset"]["kind"] == mini_claims.DATASETS[data]
     assert cfg["model"] == {"d_model": 128, "n_layers": 4, "n_heads": 4, "head_dim": 32,
                             "dropout": 0.1}  # configs/model/tiny.yaml
@@ -158,7 +143,7 @@ def test_mini_experiment_is_parameter_matched_with_one_token_budget(name):
         {"table": "mini", "row": mini_claims.mini_rows(CONFIGS / "exp")[variant],
          "column": mini_claims.DATASETS[data], "value": None}]}
 
-    ffn, moe = cfg["ffn"], built(mini_claims.exp_name(data, "moe"))[0]["ffn"]
+    ffn, moe = cfg["ffn"], load(mini_claims.exp_name(data, "moe"))[0]["ffn"]
     if variant in ("dense", "topk"):
         assert ffn["d_ff"] == 518  # N_E * G + the selector, as the paper's 2053 for 2048
     if variant.startswith("moe"):  # an ablation changes only its own keys of sigma-MoE
@@ -181,12 +166,8 @@ def test_mini_experiment_is_parameter_matched_with_one_token_budget(name):
 
 
 def test_sweep_runs_every_mini_experiment_three_times_sequentially():
-    with initialize_config_dir(config_dir=str(CONFIGS), version_base=None):
-        cfg = compose("config", overrides=["+sweep=mini"], return_hydra_config=True)
+    cfg = compose_sweep("mini")
     assert cfg.hydra.launcher._target_.endswith("BasicLauncher")  # one after another, here
     assert cfg.sweep_name == "mini"
-    args = [f"{k}={v}" for k, v in cfg.hydra.sweeper.params.items()]
-    batches = BasicSweeper.split_arguments(OverridesParser.create().parse_overrides(args), None)
-    jobs = [dict(o.split("=", 1) for o in job) for batch in batches for job in batch]
-    got = sorted((j["+exp"], j["trainer.seed"]) for j in jobs)
+    got = sorted((j["+exp"], j["trainer.seed"]) for j in jobs(cfg))
     assert got == sorted((e, s) for e in MINI for s in "012")

@@ -14,14 +14,12 @@ from pathlib import Path
 import pytest
 import submitit
 import yaml
-from hydra import compose, initialize_config_dir
-from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
-from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 from submitit.slurm.slurm import SlurmJobEnvironment
 
 from scripts import make_sweeps
+from tests.helpers import compose_sweep, jobs
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = ROOT / "configs"
@@ -37,19 +35,6 @@ def paper_tables() -> dict[str, set[str]]:
         for entry in (yaml.safe_load(path.read_text()).get("paper") or {}).get("entries", []):
             out.setdefault(entry["table"], set()).add(path.stem)
     return out
-
-
-def compose_sweep(table: str, *overrides: str):
-    with initialize_config_dir(config_dir=str(CONFIGS), version_base=None):
-        return compose("config", overrides=[f"+sweep={table}", *overrides],
-                       return_hydra_config=True)
-
-
-def jobs(cfg, *cli: str) -> list[dict[str, str]]:
-    """The jobs BasicSweeper launches: its params, then command-line overrides (which win)."""
-    args = [f"{k}={v}" for k, v in cfg.hydra.sweeper.params.items()] + list(cli)
-    batches = BasicSweeper.split_arguments(OverridesParser.create().parse_overrides(args), None)
-    return [dict(o.split("=", 1) for o in job) for batch in batches for job in batch]
 
 
 def test_sweep_files_are_up_to_date():
