@@ -11,8 +11,10 @@ import hashlib
 import os
 import re
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import torch
 
@@ -25,18 +27,25 @@ def _umask_mode() -> int:
     return 0o666 & ~mask
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
+@contextmanager
+def _atomic_open(path: Path) -> Iterator[BinaryIO]:
+    """A file that appears at `path` only whole: temp file, fsync, rename (else removed)."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         os.fchmod(fd, _umask_mode())  # mkstemp makes 0600; give the usual permissions
         with os.fdopen(fd, "wb") as f:
-            f.write(data)
+            yield f
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    with _atomic_open(path) as f:
+        f.write(data)
 
 
 def _sha256(path: Path) -> str:
@@ -50,19 +59,9 @@ def _sha256(path: Path) -> str:
 def save_checkpoint(run_dir: Path, step: int, state: dict[str, Any], keep: int = 2) -> Path:
     """Write checkpoint_<step>.pt atomically, then its checksum; prune to `keep` newest."""
     path = run_dir / f"checkpoint_{step:08d}.pt"
-    fd, tmp = tempfile.mkstemp(dir=run_dir, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        os.fchmod(fd, _umask_mode())
-        with os.fdopen(fd, "wb") as f:
-            torch.save(state, f)
-            f.flush()
-            os.fsync(f.fileno())
-        digest = _sha256(Path(tmp))
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    atomic_write_bytes(path.with_suffix(".pt.sha256"), digest.encode())
+    with _atomic_open(path) as f:
+        torch.save(state, f)
+    atomic_write_bytes(path.with_suffix(".pt.sha256"), _sha256(path).encode())
     for old in list_checkpoints(run_dir)[:-keep] if keep > 0 else []:
         old.unlink(missing_ok=True)
         old.with_suffix(".pt.sha256").unlink(missing_ok=True)
