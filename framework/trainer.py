@@ -181,7 +181,7 @@ class Trainer:
         for group in self.optimizer.param_groups:
             group["lr"] = cfg.lr * lr_factor(self.step, cfg.steps, cfg.warmup_steps, cfg.schedule)
         self.optimizer.zero_grad(set_to_none=True)
-        totals: dict[str, float] = {}
+        totals: dict[str, Any] = {}  # tensors on the device until the step ends
         losses = self.task.train_losses(cfg.grad_accum)
         while True:
             with self.autocast():
@@ -190,9 +190,11 @@ class Trainer:
                 break
             loss, metrics = item
             self.scaler.scale(loss / cfg.grad_accum).backward()
-            for k, v in metrics.items():
-                totals[k] = totals.get(k, 0.0) + float(v) / cfg.grad_accum
-        totals = mean_over_ranks(totals)  # every rank decides the same (skip/stop) below
+            for k, v in metrics.items():  # device tensors: one sync per step, not per batch
+                v = v.double() if torch.is_tensor(v) else v
+                totals[k] = totals.get(k, 0.0) + v / cfg.grad_accum
+        # every rank decides the same (skip/stop) below
+        totals = mean_over_ranks({k: float(v) for k, v in totals.items()})
         self.scaler.unscale_(self.optimizer)
         max_norm = cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))

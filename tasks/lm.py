@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -84,7 +85,9 @@ class LMTask:
         self.tokens_per_step = cfg.batch_size * cfg.context
 
     # -- training --------------------------------------------------------------------------
-    def train_losses(self, n_micro: int) -> Iterator[tuple[torch.Tensor, dict[str, float]]]:
+    def train_losses(self, n_micro: int
+                     ) -> Iterator[tuple[torch.Tensor, dict[str, torch.Tensor | float]]]:
+        """(loss, metrics) per micro-batch; metrics stay on the device (no sync per batch)."""
         x_BT, y_BT, epoch_start = self.batcher.next()
         if epoch_start:
             self.mems = None
@@ -95,16 +98,20 @@ class LMTask:
         x_BT, y_BT = x_BT.to(self.device), y_BT.to(self.device)
         new_mems: list[list[torch.Tensor]] = []
         m = B // n_micro
+        ddp = self.train_model is not self.model
         for i in range(n_micro):
             rows = slice(i * m, (i + 1) * m)
             mems = [mem[rows] for mem in self.mems] if self.mems else None
-            logits, mems_out = self.train_model(x_BT[rows], mems)
+            # DDP all-reduces in the backward of a forward run outside no_sync: only the last
+            # micro-batch's, when the gradients of all of them have been summed
+            with self.train_model.no_sync() if ddp and i < n_micro - 1 else nullcontext():
+                logits, mems_out = self.train_model(x_BT[rows], mems)
             ce = F.cross_entropy(logits.float().flatten(0, 1), y_BT[rows].flatten())
             reg = self.model.pop_loss()
             loss = ce if reg is None else ce + reg
             new_mems.append(mems_out)
-            yield loss, {"loss": float(loss.detach()), "ce": float(ce.detach()),
-                         "reg": 0.0 if reg is None else float(reg.detach())}
+            yield loss, {"loss": loss.detach(), "ce": ce.detach(),
+                         "reg": 0.0 if reg is None else reg.detach()}
         self.mems = [torch.cat(parts) for parts in zip(*new_mems)] if new_mems[0] else None
 
     # -- evaluation ------------------------------------------------------------------------
@@ -136,9 +143,9 @@ class LMTask:
             mems = [mem[:, -mem_len:] for mem in mems] if mem_len else None
             ce = F.cross_entropy(logits.float().flatten(0, 1), y_BT.to(self.device).flatten(),
                                  reduction="sum")
-            sum_ce += float(ce)
+            sum_ce = sum_ce + ce.double()  # summed on the device: no sync per batch
             count += y_BT.numel()
-        result: dict[str, Any] = self.metric(sum_ce / max(count, 1))
+        result: dict[str, Any] = self.metric(float(sum_ce) / max(count, 1))
         result["tokens"] = count
         if stats:
             result["routing"] = [f.stats.summary() for f in ffns]

@@ -34,9 +34,15 @@ def losses(run_dir):
     return [r["train/loss"] for r in rows if "train/loss" in r]
 
 
-def test_two_gloo_processes_match_one_process(tmp_path):
+@pytest.mark.parametrize("extra", [
     # gamma > 0: the entropy regularizer's batch statistics must be all-reduced to match
-    cfg = compose_cfg([*COMMON, "ffn.reg_gamma=0.01"])
+    ["ffn.reg_gamma=0.01"],
+    # accumulation: only the last micro-batch all-reduces (no_sync), which must not matter
+    # (gamma = 0: the regularizer's statistics are per micro-batch, whose rows differ)
+    ["ffn.reg_gamma=0.0", "trainer.grad_accum=2"],
+], ids=["reg", "grad_accum"])
+def test_two_gloo_processes_match_one_process(tmp_path, extra):
+    cfg = compose_cfg([*COMMON, *extra])
     TASKS.get("lm")(cfg, tmp_path / "single")
     mp.start_processes(_worker, args=(2, free_port(), cfg, str(tmp_path / "ddp")), nprocs=2,
                        start_method="spawn")
