@@ -12,7 +12,7 @@ from omegaconf import OmegaConf
 
 from framework.checkpoint import list_checkpoints
 from framework.config import ConfigError
-from framework.experiment import config_hash, fresh_dir, read_results, remove_if_empty
+from framework.experiment import config_hash, fresh_dir, read_results
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 DEFAULT_EXP = "mini_moe"
@@ -94,9 +94,8 @@ def prepare_run_dir(cfg: dict[str, Any]) -> Path | None:
 
 @contextmanager
 def handle_errors():
-    """Turn the errors a user can fix into one line on stderr and exit code 1."""
-    from hydra.core.hydra_config import HydraConfig
-
+    """Turn the errors a user can fix into one line on stderr and exit code 1 (run.py removes
+    the run directory the failed run left empty)."""
     from framework.checkpoint import CheckpointError
     from framework.data import DataError
     from framework.registry import RegistryError
@@ -106,7 +105,6 @@ def handle_errors():
         yield
     except (ConfigError, DataError, RegistryError, CheckpointError, TrainingDiverged) as e:
         print(f"error: {e}", file=sys.stderr)
-        remove_if_empty(Path(HydraConfig.get().runtime.output_dir))
         sys.exit(1)
     except KeyboardInterrupt:
         print("interrupted; rerun the same command to resume from the last checkpoint",

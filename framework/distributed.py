@@ -33,17 +33,26 @@ SINGLE_PROCESS = DistInfo()
 
 
 def _from_submitit() -> DistInfo | None:
+    """Rank info of a multi-task Slurm job, exported as torch's env:// variables by
+    submitit (MASTER_ADDR = first host, MASTER_PORT kept if set, else seeded by the job id)."""
     if "SLURM_JOB_ID" not in os.environ or int(os.environ.get("SLURM_NTASKS", "1")) < 2:
         return None
     try:
-        import submitit
+        from submitit.helpers import TorchDistributedEnvironment
 
-        env = submitit.JobEnvironment()
+        # keep every GPU visible: the trainer picks cuda:<local rank> itself
+        env = TorchDistributedEnvironment().export(set_cuda_visible_devices=False,
+                                                   overwrite=True)
     except (ImportError, RuntimeError):
         return None
-    os.environ.setdefault("MASTER_ADDR", env.hostnames[0])
-    os.environ.setdefault("MASTER_PORT", str(29500 + int(env.job_id) % 20000))
-    return DistInfo(env.global_rank, env.num_tasks, env.local_rank)
+    return DistInfo(env.rank, env.world_size, env.local_rank)
+
+
+def _world_size() -> int:
+    """Processes in the group (1 without one)."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size()
+    return 1
 
 
 def init_distributed(device_type: str) -> DistInfo:
@@ -64,30 +73,30 @@ def init_distributed(device_type: str) -> DistInfo:
 
 def all_gather_cat(t: torch.Tensor, dim: int = 0) -> torch.Tensor:
     """Concatenate a tensor of equal shape from every rank (rank order)."""
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+    if _world_size() == 1:
         return t
-    parts = [torch.empty_like(t) for _ in range(dist.get_world_size())]
+    parts = [torch.empty_like(t) for _ in range(_world_size())]
     dist.all_gather(parts, t.contiguous())
     return torch.cat(parts, dim)
 
 
 def all_gather_object(obj: Any) -> list[Any]:
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+    if _world_size() == 1:
         return [obj]
-    out: list[Any] = [None] * dist.get_world_size()
+    out: list[Any] = [None] * _world_size()
     dist.all_gather_object(out, obj)
     return out
 
 
 def mean_over_ranks(values: dict[str, float]) -> dict[str, float]:
     """Average scalar metrics over ranks (what one process with the whole batch logs)."""
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+    if _world_size() == 1:
         return values
     keys = sorted(values)
     device = "cuda" if dist.get_backend() == "nccl" else "cpu"
     t = torch.tensor([values[k] for k in keys], dtype=torch.float64, device=device)
     dist.all_reduce(t)
-    return {k: float(v) / dist.get_world_size() for k, v in zip(keys, t.tolist())}
+    return {k: float(v) / _world_size() for k, v in zip(keys, t.tolist())}
 
 
 def barrier() -> None:

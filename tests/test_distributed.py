@@ -61,3 +61,25 @@ def test_two_gloo_processes_match_one_process(tmp_path, extra):
     assert len(state["rng"]) == 2
     torch.testing.assert_close(state["task"]["mems"][1], ref["task"]["mems"][1],
                                atol=1e-4, rtol=1e-4)
+
+
+def test_rank_info_from_a_slurm_job(monkeypatch):
+    """Under a multi-task Slurm job (submitit's environment), rank info and torch's env://
+    variables come from submitit; every GPU stays visible (the trainer picks its own)."""
+    from framework.distributed import _from_submitit
+
+    slurm = dict(SLURM_JOB_ID="4242", SLURM_NTASKS="2", SLURM_PROCID="1", SLURM_LOCALID="1",
+                 SLURM_NODEID="0", SLURM_JOB_NUM_NODES="1", SLURM_JOB_NODELIST="node01",
+                 SLURM_STEP_NODELIST="node01", SUBMITIT_EXECUTOR="slurm")
+    for k, v in slurm.items():
+        monkeypatch.setenv(k, v)
+    for k in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK",
+              "LOCAL_WORLD_SIZE", "CUDA_VISIBLE_DEVICES"):
+        monkeypatch.delenv(k, raising=False)  # restored (removed) after the test
+    info = _from_submitit()
+    assert (info.rank, info.world_size, info.local_rank) == (1, 2, 1)
+    assert (os.environ["MASTER_ADDR"], os.environ["RANK"], os.environ["WORLD_SIZE"]) == (
+        "node01", "1", "2")
+    assert "CUDA_VISIBLE_DEVICES" not in os.environ
+    monkeypatch.setenv("SLURM_NTASKS", "1")  # one task: not distributed
+    assert _from_submitit() is None
