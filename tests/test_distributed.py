@@ -75,7 +75,8 @@ def test_rank_info_from_a_slurm_job(monkeypatch):
         monkeypatch.setenv(k, v)
     for k in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK",
               "LOCAL_WORLD_SIZE", "CUDA_VISIBLE_DEVICES"):
-        monkeypatch.delenv(k, raising=False)  # restored (removed) after the test
+        monkeypatch.setenv(k, "")  # recorded, so that undo removes what submitit exports
+        monkeypatch.delenv(k)
     info = _from_submitit()
     assert (info.rank, info.world_size, info.local_rank) == (1, 2, 1)
     assert (os.environ["MASTER_ADDR"], os.environ["RANK"], os.environ["WORLD_SIZE"]) == (
