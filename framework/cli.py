@@ -74,6 +74,31 @@ def prepare_run_dir(cfg: dict[str, Any]) -> Path | None:
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     if cfg.get("mode", "train") != "train":
         return run_dir
+    return choose_run_dir(cfg, run_dir)
+
+
+def choose_run_dir(cfg: dict[str, Any], run_dir: Path) -> Path | None:
+    """Where a training run goes (None: it already finished). Under several processes
+    (torchrun, Slurm) rank 0 decides, and creates a fresh=true directory, then tells the
+    others: deciding alone, each rank would take the next free sibling for itself."""
+    from framework.distributed import broadcast_from_main, init_distributed
+    from framework.trainer import resolve_device
+
+    info = init_distributed(resolve_device(cfg["trainer"]["device"]).type)
+    decision: tuple[str | None, str | None] = (None, None)
+    if info.is_main:
+        try:
+            chosen = _choose_run_dir(cfg, run_dir)
+            decision = (None if chosen is None else str(chosen), None)
+        except (ConfigError, OSError) as e:  # every rank must stop, not wait for rank 0
+            decision = (None, str(e))
+    chosen, error = broadcast_from_main(decision)
+    if error is not None:
+        raise ConfigError(error)
+    return None if chosen is None else Path(chosen)
+
+
+def _choose_run_dir(cfg: dict[str, Any], run_dir: Path) -> Path | None:
     done = read_results(run_dir)
     if cfg.get("fresh") and (done is not None or list_checkpoints(run_dir)):
         new = fresh_dir(run_dir)

@@ -67,6 +67,8 @@ def init_distributed(device_type: str) -> DistInfo:
         info = _from_submitit() or DistInfo()
     if info.enabled:
         backend = "nccl" if device_type == "cuda" else "gloo"
+        if device_type == "cuda":  # before any collective: nccl runs on the current device
+            torch.cuda.set_device(info.local_rank)
         dist.init_process_group(backend, rank=info.rank, world_size=info.world_size)
     return info
 
@@ -86,6 +88,15 @@ def all_gather_object(obj: Any) -> list[Any]:
     out: list[Any] = [None] * _world_size()
     dist.all_gather_object(out, obj)
     return out
+
+
+def broadcast_from_main(obj: Any) -> Any:
+    """Rank 0's (picklable) obj, on every rank."""
+    if _world_size() == 1:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
 
 
 def mean_over_ranks(values: dict[str, float]) -> dict[str, float]:

@@ -72,9 +72,8 @@ def run(cfg: dict[str, Any], run_dir: Path) -> dict[str, Any] | None:
     model_cfg = build_model_config(cfg, data.vocab_size)
     device = resolve_device(trainer_cfg.device)
     dist_info = init_distributed(device.type)
-    if device.type == "cuda" and dist_info.enabled:
+    if device.type == "cuda" and dist_info.enabled:  # init_distributed made it current
         device = torch.device("cuda", dist_info.local_rank)
-        torch.cuda.set_device(device)
     if dist_info.is_main:
         check_writable(run_dir)
         if not list_checkpoints(run_dir):  # a resumed run keeps the config it started with

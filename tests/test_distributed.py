@@ -29,6 +29,24 @@ def _worker(rank: int, world: int, port: int, cfg: dict, run_dir: str) -> None:
     torch.distributed.destroy_process_group()
 
 
+def _choose_worker(rank: int, world: int, port: int, cfg: dict, run_dir: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
+    from pathlib import Path
+
+    import torch
+
+    from framework.cli import choose_run_dir
+    from framework.config import ConfigError
+
+    try:
+        answer = str(choose_run_dir(cfg, Path(run_dir)))
+    except ConfigError as e:
+        answer = f"ConfigError: {e}"
+    Path(run_dir).with_name(f"answer{rank}").write_text(answer)
+    torch.distributed.destroy_process_group()
+
+
 def losses(run_dir):
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     return [r["train/loss"] for r in rows if "train/loss" in r]
@@ -84,3 +102,27 @@ def test_rank_info_from_a_slurm_job(monkeypatch):
     assert "CUDA_VISIBLE_DEVICES" not in os.environ
     monkeypatch.setenv("SLURM_NTASKS", "1")  # one task: not distributed
     assert _from_submitit() is None
+
+
+@pytest.mark.parametrize("same_config", [True, False])
+def test_ranks_agree_on_the_run_dir(tmp_path, same_config):
+    """Rank 0 picks the directory and the others follow it: with fresh=true every rank
+    trains in the same new sibling, and a refusal stops every rank (none waits forever)."""
+    from framework.experiment import config_hash, write_results
+
+    cfg = compose_cfg(COMMON)
+    run_dir = tmp_path / "runs" / "r"
+    run_dir.mkdir(parents=True)
+    write_results(run_dir, {"config_hash": config_hash(cfg) if same_config else "other",
+                            "metric": "bpc", "valid": {"bpc": 1.0}, "test": {"bpc": 1.0}})
+    cfg = {**cfg, "fresh": same_config}
+    mp.start_processes(_choose_worker, args=(3, free_port(), cfg, str(run_dir)), nprocs=3,
+                       start_method="spawn")
+    answers = {(tmp_path / "runs" / f"answer{r}").read_text() for r in range(3)}
+    if same_config:
+        assert answers == {str(tmp_path / "runs" / "r-2")}
+        assert sorted(p.name for p in (tmp_path / "runs").iterdir() if p.is_dir()) == [
+            "r", "r-2"]
+    else:
+        assert len(answers) == 1 and answers.pop().startswith(
+            "ConfigError: " + f"{run_dir} holds a finished run with another config")
