@@ -95,12 +95,26 @@ class FFN(nn.Module):
         return loss
 
 
+class _AllReduceSum(torch.autograd.Function):
+    """Sum over ranks whose gradient is the sum of the ranks' gradients (every rank's loss
+    uses every rank's x). torch.distributed.nn's all_reduce does this but is deprecated, and
+    its functional-collectives successor is differentiable only in recent torch."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
+        x = x.clone()
+        dist.all_reduce(x)
+        return x
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+        return _AllReduceSum.apply(grad)
+
+
 def global_mean(x: torch.Tensor) -> torch.Tensor:
     """Mean of `x` over data-parallel workers, differentiable (REFERENCE: all-reduced reg.)."""
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        from torch.distributed.nn.functional import all_reduce
-
-        return all_reduce(x, op=dist.ReduceOp.SUM) / dist.get_world_size()
+        return _AllReduceSum.apply(x) / dist.get_world_size()
     return x
 
 
