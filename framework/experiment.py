@@ -55,8 +55,10 @@ def read_results(run_dir: Path) -> dict[str, Any] | None:
         return None
 
 
-def write_results(run_dir: Path, results: dict[str, Any]) -> None:
-    atomic_write_bytes(run_dir / "results.json", (json.dumps(results, indent=2) + "\n").encode())
+def write_results(run_dir: Path, results: dict[str, Any], name: str = "results.json") -> Path:
+    path = run_dir / name
+    atomic_write_bytes(path, (json.dumps(results, indent=2) + "\n").encode())
+    return path
 
 
 def fresh_dir(run_dir: Path) -> Path:

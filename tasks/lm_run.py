@@ -121,12 +121,14 @@ def run(cfg: dict[str, Any], run_dir: Path) -> dict[str, Any] | None:
             logger.log({f"final_{split}/{k}": v for k, v in results[split].items()}, trainer.step)
         if not dist_info.is_main:
             return results
-        write_results(run_dir, results)
+        # results.json marks a finished run (a rerun skips it): an eval of a checkpoint
+        # mid-training must not, or the run could never resume
+        out = write_results(run_dir, results, "results.json" if mode == "train"
+                            else "eval_results.json")
         logger.summary({**{f"{s}_{data.metric}": results[s][data.metric]
                            for s in ("valid", "test")}, "n_params": count})
         print(f"final valid {data.metric} {results['valid'][data.metric]:.4f} | "
-              f"test {data.metric} {results['test'][data.metric]:.4f} | results: "
-              f"{run_dir / 'results.json'}")
+              f"test {data.metric} {results['test'][data.metric]:.4f} | results: {out}")
         return results
     finally:
         logger.close()

@@ -76,13 +76,18 @@ def test_checkpoint_holds_everything_needed(tmp_path):
 
 
 def test_eval_mode_reevaluates_the_last_checkpoint(tmp_path):
+    from framework.cli import choose_run_dir
+
     cfg = compose_cfg([*TINY, *TINY_MOE, "trainer.steps=3", "trainer.ckpt_every=3"])
     trained = RUN(cfg, tmp_path)
-    (tmp_path / "results.json").unlink()
+    (tmp_path / "results.json").unlink()  # as if killed after its last checkpoint
     evaluated = RUN({**cfg, "mode": "eval"}, tmp_path)
     assert evaluated["steps"] == 3
     assert evaluated["valid"] == trained["valid"] and evaluated["test"] == trained["test"]
-    assert json.loads((tmp_path / "results.json").read_text())["test"] == trained["test"]
+    assert json.loads((tmp_path / "eval_results.json").read_text())["test"] == trained["test"]
+    # an evaluation does not mark the run finished: rerunning the training resumes it
+    assert not (tmp_path / "results.json").exists()
+    assert choose_run_dir(cfg, tmp_path) == tmp_path
     with pytest.raises(ConfigError, match="no checkpoint"):
         RUN({**cfg, "mode": "eval"}, tmp_path / "empty")
 
