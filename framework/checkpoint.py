@@ -41,6 +41,21 @@ def _atomic_open(path: Path) -> Iterator[BinaryIO]:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    _fsync_dir(path.parent)
+
+
+def _fsync_dir(path: Path) -> None:
+    """Make the rename itself durable (a power loss could otherwise undo it)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # some file systems cannot fsync a directory; the rename stays atomic
+        pass
+    finally:
+        os.close(fd)
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
@@ -62,7 +77,8 @@ def save_checkpoint(run_dir: Path, step: int, state: dict[str, Any], keep: int =
     with _atomic_open(path) as f:
         torch.save(state, f)
     atomic_write_bytes(path.with_suffix(".pt.sha256"), _sha256(path).encode())
-    for old in list_checkpoints(run_dir)[:-keep] if keep > 0 else []:
+    others = [p for p in list_checkpoints(run_dir) if p != path]  # never the new one
+    for old in others[:len(others) - (keep - 1)] if keep > 0 else []:
         old.unlink(missing_ok=True)
         old.with_suffix(".pt.sha256").unlink(missing_ok=True)
     return path
@@ -91,14 +107,25 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
         raise CheckpointError(f"{path.name}: cannot be loaded ({type(e).__name__}: {e})") from e
 
 
-def load_latest(run_dir: Path, warn=print) -> dict[str, Any] | None:
-    """The newest checkpoint that verifies and loads; bad ones are reported and skipped."""
-    if run_dir.is_dir():  # temp files of a write that was killed are never complete
+def load_latest(run_dir: Path, warn=print, repair: bool = False) -> dict[str, Any] | None:
+    """The newest checkpoint that verifies and loads; bad ones are reported and skipped.
+
+    repair: for the one process that writes this run directory (training, rank 0). It
+    removes temp files of killed writes and moves checkpoints that fail to load aside
+    (`*.pt.bad`, kept for inspection): left in place, a newer broken file would count as
+    the newest when pruning, which could delete the good ones. Without it nothing in the
+    directory changes (an evaluation may run beside a training that is writing there)."""
+    if repair and run_dir.is_dir():  # temp files of a write that was killed are never whole
         for tmp in run_dir.glob(".checkpoint_*.tmp"):
             tmp.unlink(missing_ok=True)
     for path in reversed(list_checkpoints(run_dir)):
         try:
             return load_checkpoint(path)
         except CheckpointError as e:
-            warn(f"warning: skipping checkpoint {e}; trying the previous one")
+            aside = ""
+            if repair:
+                path.replace(path.with_suffix(".pt.bad"))
+                path.with_suffix(".pt.sha256").unlink(missing_ok=True)
+                aside = f" (moved to {path.name}.bad)"
+            warn(f"warning: skipping checkpoint {e}{aside}; trying the previous one")
     return None

@@ -159,7 +159,13 @@ class Trainer:
         barrier()
 
     def resume(self) -> bool:
-        state = load_latest(self.run_dir, warn=lambda m: tqdm.write(m))
+        # rank 0 first: it moves broken checkpoints aside, which the others must not read
+        state = None
+        if self.is_main:
+            state = load_latest(self.run_dir, warn=lambda m: tqdm.write(m), repair=True)
+        barrier()
+        if not self.is_main:
+            state = load_latest(self.run_dir, warn=lambda m: None)
         if state is None:
             return False
         if self.config_hash and state.get("config_hash") not in (None, self.config_hash):

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from framework.checkpoint import list_checkpoints, load_checkpoint
+from framework.checkpoint import list_checkpoints, load_checkpoint, load_latest, save_checkpoint
 from framework.config import ConfigError
 from framework.trainer import Trainer, TrainingDiverged
 from tasks import TASKS
@@ -139,7 +139,26 @@ def test_corrupt_checkpoint_falls_back_to_previous(tmp_path, capsys):
     assert loaded == [2]
     lines = [x for x in capsys.readouterr().out.splitlines() if "skipping checkpoint" in x]
     assert lines == ["warning: skipping checkpoint checkpoint_00000004.pt: checksum mismatch "
-                     "(truncated or corrupt); trying the previous one"]
+                     "(truncated or corrupt) (moved to checkpoint_00000004.pt.bad); trying "
+                     "the previous one"]
+
+
+def test_a_broken_newer_checkpoint_is_moved_aside_not_counted_when_pruning(tmp_path):
+    """Killed between the rename and the checksum: the newest file has no sidecar. Resuming
+    moves it aside; left in place it was the "newest" when pruning and, with keep=1, the
+    next save deleted both the checkpoint resumed from and itself."""
+    save_checkpoint(tmp_path, 10, {"step": 10}, keep=1)
+    (tmp_path / "checkpoint_00000020.pt").write_bytes(b"renamed, checksum never written")
+    (tmp_path / ".checkpoint_00000030.pt.x.tmp").write_bytes(b"a write in progress")
+    before = sorted(p.name for p in tmp_path.iterdir())
+    assert load_latest(tmp_path, warn=lambda m: None) == {"step": 10}
+    assert sorted(p.name for p in tmp_path.iterdir()) == before  # a reader changes nothing
+    assert load_latest(tmp_path, warn=lambda m: None, repair=True) == {"step": 10}
+    assert (tmp_path / "checkpoint_00000020.pt.bad").exists()
+    assert not list(tmp_path.glob("*.tmp"))
+    save_checkpoint(tmp_path, 15, {"step": 15}, keep=1)
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["checkpoint_00000015.pt"]
+    assert load_latest(tmp_path) == {"step": 15}
 
 
 def test_nan_stops_with_a_message_and_keeps_last_good_checkpoint(tmp_path, monkeypatch):
