@@ -8,6 +8,8 @@ clipping, accumulation, validation schedule, checkpoints and resume. A task prov
     validate() -> dict                      metrics on the validation split
     tokens_per_step: int                    for tokens/s
     state_dict() / load_state_dict(s)       data position and memory
+    discard_step()                          forget state the last step left (a skipped
+                                            non-finite step: its memory may hold NaN)
 """
 from __future__ import annotations
 
@@ -204,10 +206,14 @@ class Trainer:
         self.scaler.unscale_(self.optimizer)
         max_norm = cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
-        finite = math.isfinite(totals.get("loss", 0.0)) and math.isfinite(grad_norm)
-        if not finite and not self.scaler.is_enabled():
+        loss_finite = math.isfinite(totals.get("loss", 0.0))
+        # fp16: a gradient overflow is the scaler's (it skips the step and lowers the
+        # scale); a non-finite loss is not (the scaling comes after it) and would be
+        # skipped forever
+        if not loss_finite or (not math.isfinite(grad_norm) and not self.scaler.is_enabled()):
             self._diverged(totals, grad_norm)
             self.optimizer.zero_grad(set_to_none=True)  # nan_policy == skip
+            self.task.discard_step()
             totals["skipped"] = 1.0
         else:
             self.scaler.step(self.optimizer)  # the scaler itself skips fp16 overflow steps

@@ -114,6 +114,11 @@ class LMTask:
                          "reg": 0.0 if reg is None else reg.detach()}
         self.mems = [torch.cat(parts) for parts in zip(*new_mems)] if new_mems[0] else None
 
+    def discard_step(self) -> None:
+        """The last step was skipped (non-finite): its memory may hold NaN, which later
+        segments would attend to. Start the memory over, as at an epoch start."""
+        self.mems = None
+
     # -- evaluation ------------------------------------------------------------------------
     def metric(self, ce: float) -> dict[str, float]:
         if self.data.metric == "bpc":

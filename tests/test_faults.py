@@ -180,6 +180,19 @@ def test_nan_stops_with_a_message_and_keeps_last_good_checkpoint(tmp_path, monke
     assert all(torch.isfinite(v).all() for v in state["model"].values())
 
 
+def test_nan_loss_stops_under_fp16_too(tmp_path, monkeypatch):
+    """The fp16 loss scaler skips steps whose gradients overflow; a NaN loss is not such an
+    overflow and still follows nan_policy (stop)."""
+    from tasks.lm import LMTask
+
+    real = LMTask.train_losses
+    nan = float("nan")
+    monkeypatch.setattr(LMTask, "train_losses", lambda self, n: (
+        (loss * nan, {**m, "loss": m["loss"] * nan}) for loss, m in real(self, n)))
+    with pytest.raises(TrainingDiverged, match="at step 1"):
+        RUN(compose_cfg([*OVERRIDES, "trainer.precision=fp16"]), tmp_path)
+
+
 def test_nan_skip_policy_skips_the_step(tmp_path, monkeypatch):
     from tasks.lm import LMTask
 
@@ -198,6 +211,34 @@ def test_nan_skip_policy_skips_the_step(tmp_path, monkeypatch):
     assert skipped == [3]
     assert all(torch.isfinite(v).all() for v in
                load_checkpoint(list_checkpoints(tmp_path)[-1])["model"].values())
+
+
+def test_nan_skip_policy_forgets_the_memory_of_the_skipped_step(tmp_path, monkeypatch):
+    """A NaN in the forward also lands in the Transformer-XL memory: kept, it would make
+    every later step NaN (and be checkpointed); the skipped step's memory is dropped."""
+    from tasks.lm import LMTask
+
+    real = LMTask.train_losses
+    calls = [0]
+
+    def nan_forward_once(self, n):
+        calls[0] += 1
+        w = self.model.blocks[0].ffn.w1_EDG
+        saved = w.detach().clone()
+        if calls[0] == 3:
+            with torch.no_grad():
+                w.fill_(float("nan"))
+        yield from real(self, n)
+        with torch.no_grad():
+            w.copy_(saved)  # only this step's forward is bad (its update is skipped)
+
+    monkeypatch.setattr(LMTask, "train_losses", nan_forward_once)
+    RUN(compose_cfg([*OVERRIDES, "trainer.nan_policy=skip"]), tmp_path)
+    rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if r.get("train/skipped")] == [3]
+    state = load_checkpoint(list_checkpoints(tmp_path)[-1])
+    assert all(torch.isfinite(m).all() for m in state["task"]["mems"])
+    assert all(torch.isfinite(v).all() for v in state["model"].values())
 
 
 def test_unwritable_or_full_run_dir_fails_before_training(tmp_path, monkeypatch):
