@@ -17,9 +17,11 @@ from typing import Any
 from framework.checkpoint import atomic_write_bytes
 from framework.config import ConfigError
 
-# Keys that do not change what is computed, so they do not change the run's identity.
+# Keys that do not change what is computed, so they do not change the run's identity
+# (nan_policy only acts once a step is non-finite: rerunning a diverged run with
+# trainer.nan_policy=skip resumes it from its last good checkpoint).
 VOLATILE = ("logger", "mode", "fresh", "paper", "sweep_name")
-VOLATILE_TRAINER = ("progress", "log_every", "device")
+VOLATILE_TRAINER = ("progress", "log_every", "device", "nan_policy")
 
 
 def config_hash(cfg: dict[str, Any]) -> str:

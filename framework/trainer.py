@@ -26,13 +26,14 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from framework.checkpoint import load_latest, save_checkpoint
+from framework.checkpoint import CheckpointError, load_latest, save_checkpoint
 from framework.config import ConfigError
 from framework.distributed import (
     SINGLE_PROCESS,
     DistInfo,
     all_gather_object,
     barrier,
+    broadcast_from_main,
     mean_over_ranks,
 )
 from framework.optim import build_optimizer, lr_factor
@@ -156,9 +157,16 @@ class Trainer:
 
     def checkpoint(self) -> None:
         state = self.state_dict()  # collective under DDP (memory and RNG of every rank)
+        error = None
         if self.is_main:
-            save_checkpoint(self.run_dir, self.step, state, self.cfg.keep_checkpoints)
-        barrier()
+            try:
+                save_checkpoint(self.run_dir, self.step, state, self.cfg.keep_checkpoints)
+            except OSError as e:  # a full disk, a lost mount: every rank stops, none waits
+                error = (f"cannot write the step-{self.step} checkpoint in {self.run_dir} "
+                         f"({e}); the previous checkpoints are kept: free space and rerun")
+        error = broadcast_from_main(error)  # also the barrier: written before anyone goes on
+        if error is not None:
+            raise CheckpointError(error)
 
     def resume(self) -> bool:
         # rank 0 first: it moves broken checkpoints aside, which the others must not read
@@ -228,8 +236,9 @@ class Trainer:
                f"{', '.join(f'{k}={v:.4g}' for k, v in totals.items())}, "
                f"grad_norm={grad_norm:.4g}{where}")
         if self.cfg.nan_policy == "stop":
-            raise TrainingDiverged(msg + ". The last good checkpoint is kept; lower trainer.lr "
-                                   "or set trainer.nan_policy=skip")
+            raise TrainingDiverged(msg + ". The last good checkpoint is kept: rerun with "
+                                   "trainer.nan_policy=skip to resume from it skipping such "
+                                   "steps, or lower trainer.lr (a new run)")
         tqdm.write("warning: skipping step: " + msg)
 
     def _on_signal(self, signum, frame) -> None:

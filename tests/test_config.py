@@ -74,3 +74,16 @@ def test_cli_params_mode_prints_count(tmp_path):
     out = run_cli("mode=params", cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     assert "mini_moe: 3.53M parameters" in out.stdout
+
+
+def test_keys_outside_the_run_identity_are_outside_the_run_directory_name():
+    """A key that does not change the config hash must not change the directory either, or
+    rerunning with it would start over elsewhere instead of resuming."""
+    from omegaconf import OmegaConf
+
+    from framework.experiment import VOLATILE, VOLATILE_TRAINER
+
+    cfg = OmegaConf.load(ROOT / "configs" / "config.yaml")
+    excluded = set(cfg.hydra.job.config.override_dirname.exclude_keys)
+    assert {f"trainer.{k}" for k in VOLATILE_TRAINER} <= excluded
+    assert {"logger", "mode", "fresh", "sweep_name"} <= excluded & set(VOLATILE)

@@ -178,6 +178,15 @@ def test_nan_stops_with_a_message_and_keeps_last_good_checkpoint(tmp_path, monke
     assert [p.name for p in list_checkpoints(tmp_path)] == ["checkpoint_00000002.pt"]
     state = load_checkpoint(list_checkpoints(tmp_path)[-1])
     assert all(torch.isfinite(v).all() for v in state["model"].values())
+    # what the message advises: the same run with nan_policy=skip resumes from that checkpoint
+    assert "rerun with trainer.nan_policy=skip" in msg
+    monkeypatch.undo()
+    resumed = []
+    real_load = Trainer.load_state_dict
+    monkeypatch.setattr(Trainer, "load_state_dict",
+                        lambda self, s: (resumed.append(s["step"]), real_load(self, s)))
+    assert RUN(compose_cfg([*OVERRIDES, "trainer.nan_policy=skip"]), tmp_path)["steps"] == 10
+    assert resumed == [2]
 
 
 def test_nan_loss_stops_under_fp16_too(tmp_path, monkeypatch):
@@ -252,6 +261,26 @@ def test_unwritable_or_full_run_dir_fails_before_training(tmp_path, monkeypatch)
     with pytest.raises(ConfigError, match="only 10 MB free"):
         RUN(compose_cfg(OVERRIDES), tmp_path / "full")
     assert not list((tmp_path / "full").glob("checkpoint_*"))
+
+
+def test_disk_full_during_a_checkpoint_stops_with_one_line(tmp_path, monkeypatch):
+    import errno
+
+    import framework.checkpoint as ck
+
+    real_save = ck.torch.save
+
+    def save(obj, f, *a, **k):
+        if obj["step"] == 4:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_save(obj, f, *a, **k)
+
+    monkeypatch.setattr(ck.torch, "save", save)
+    with pytest.raises(ck.CheckpointError) as err:
+        RUN(compose_cfg(OVERRIDES), tmp_path)
+    assert "step-4 checkpoint" in str(err.value) and "No space left" in str(err.value)
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["checkpoint_00000002.pt"]
+    assert not list(tmp_path.glob(".*.tmp"))
 
 
 def test_finished_run_is_not_retrained_and_fresh_starts_anew(tmp_path, reference):
