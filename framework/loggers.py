@@ -1,13 +1,16 @@
 """Run logging: a JSONL metrics file in the run directory (always) and wandb (optional).
 
 `logger=wandb` with `logger.mode` online / offline / disabled (offline and disabled need
-no network); `logger=none` keeps only the JSONL file. On resume the JSONL file is appended
-to and the same wandb run id is reused, so a resumed run is one run.
+no network); `logger=none` keeps only the JSONL file. On resume the JSONL file is cut back
+to its size when the checkpoint was written (rows of steps that are redone, and a row half
+written by a kill, go) and then appended to, and the same wandb run id is reused, so a
+resumed run is one run (wandb keeps the first values it got for a redone step).
 """
 from __future__ import annotations
 
 import json
 import math
+import os
 import secrets
 import time
 from dataclasses import dataclass
@@ -60,6 +63,18 @@ class RunLogger:
             f.write(json.dumps(row) + "\n")
         if self.wandb is not None:
             self.wandb.log({k: v for k, v in row.items() if k != "step"}, step=step)
+
+    def size(self) -> int | None:
+        """Bytes of the JSONL file so far (None where this process does not write it)."""
+        if not self.enabled:
+            return None
+        return self.path.stat().st_size if self.path.exists() else 0
+
+    def truncate(self, size: int | None) -> None:
+        """Back to `size()` as it was at a checkpoint: forget what came after it."""
+        if self.enabled and size is not None and self.path.exists() and (
+                self.path.stat().st_size > size):
+            os.truncate(self.path, size)
 
     def summary(self, values: dict[str, Any]) -> None:
         if self.wandb is not None:

@@ -144,7 +144,7 @@ class Trainer:
         return {"step": self.step, "model": self.model.state_dict(),
                 "optimizer": self.optimizer.state_dict(), "scaler": self.scaler.state_dict(),
                 "task": self.task.state_dict(), "rng": all_gather_object(rng_state()),
-                "config_hash": self.config_hash}
+                "config_hash": self.config_hash, "metrics_bytes": self.logger.size()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.model.load_state_dict(state["model"])
@@ -154,6 +154,7 @@ class Trainer:
         rngs = state["rng"]  # one per rank
         set_rng_state(rngs[self.dist.rank] if self.dist.rank < len(rngs) else rngs[0])
         self.step = int(state["step"])
+        self.logger.truncate(state.get("metrics_bytes"))  # the steps redone are logged anew
 
     def checkpoint(self) -> None:
         state = self.state_dict()  # collective under DDP (memory and RNG of every rank)
