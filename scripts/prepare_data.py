@@ -2,7 +2,7 @@
 
     python scripts/prepare_data.py wt103 --source /data/wikitext-103
     python scripts/prepare_data.py enwik8 --source /data/enwik8.zip --cache-dir /scratch/cache
-    python scripts/prepare_data.py c4 train_tokens=1638400000          # streams from the hub
+    python scripts/prepare_data.py c4 train_tokens=1638400064          # streams from the hub
     python scripts/prepare_data.py c4 --source /data/c4-copy           # local shards
 
 The settings come from configs/dataset/NAME.yaml plus `key=value` overrides, which must
@@ -31,7 +31,7 @@ from framework.data import DATASETS, DataError  # noqa: E402
 def parse_override(text: str) -> tuple[str, object]:
     key, sep, value = text.partition("=")
     if not sep or not key:
-        raise SystemExit(f"override {text!r}: write key=value, e.g. train_tokens=1638400000")
+        raise SystemExit(f"override {text!r}: write key=value, e.g. train_tokens=1638400064")
     return key, yaml.safe_load(value) if value else ""
 
 

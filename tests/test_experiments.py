@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
+from framework.data.base import train_tokens_for
 from models.ffn.dense import DenseConfig
 from models.ffn.experts import ExpertsConfig
 from models.ffn.pkm import PKMConfig
@@ -158,8 +159,8 @@ def test_experiment_composes_builds_and_is_well_formed(name):
     assert trainer["lr"] == 2.5e-4 and trainer["schedule"] == "cosine"
     assert trainer["warmup_steps"] == (4000 if d_model == 1024 else 0)
     if kind in ("c4", "pes2o"):
-        assert cfg["dataset"]["train_tokens"] == trainer["steps"] * task["batch_size"] * \
-            task["context"]
+        assert cfg["dataset"]["train_tokens"] == train_tokens_for(
+            trainer["steps"], task["batch_size"], task["context"])  # one pass, no wrap
 
     ffn = model_cfg.ffn
     dropout = cfg["model"]["dropout"]

@@ -50,6 +50,12 @@ def split_contiguous(ids: np.ndarray, fractions: tuple[float, float, float]
     return {"train": ids[:a], "valid": ids[a:b], "test": ids[b:]}
 
 
+def train_tokens_for(steps: int, batch_size: int, context: int) -> int:
+    """Tokens that `steps` training segments read without wrapping: every stream needs one
+    more than steps x context, the target of its last input."""
+    return batch_size * (steps * context + 1)
+
+
 class StreamBatcher:
     """Yields (input_BT, target_BT) segments of `batch_size` contiguous streams.
 

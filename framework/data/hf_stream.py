@@ -28,7 +28,7 @@ from pathlib import Path
 
 from framework.config import ConfigError
 from framework.data import DATASETS
-from framework.data.base import DataError, TokenData
+from framework.data.base import DataError, TokenData, train_tokens_for
 from framework.data.cache import (
     Entry,
     Source,
@@ -40,7 +40,7 @@ from framework.data.subword import SpmSettings, build_subword, check_vocab_size,
 
 # 100k steps x batch 64 x context 512: the largest C4/peS2o run of the paper (REFERENCE.md,
 # "big" rows); the "small" rows (context 256) need half. Experiment configs set their own.
-DEFAULT_TRAIN_TOKENS = 100_000 * 64 * 512
+DEFAULT_TRAIN_TOKENS = train_tokens_for(100_000, 64, 512)
 
 
 @dataclass(frozen=True)
@@ -54,7 +54,8 @@ class StreamConfig:
     vocab_size: int = 8000  # REFERENCE: BPE 8000
     split_digits: bool = True
     spm_train_docs: int = 100_000  # first documents whose lines train the BPE (~1/3 shard)
-    # tokens of the train split = steps x batch x context; 0 = DEFAULT_TRAIN_TOKENS. Not in
+    # tokens of the train split = batch x (steps x context + 1) (base.train_tokens_for);
+    # 0 = DEFAULT_TRAIN_TOKENS. Not in
     # the cache key: a cache with more tokens serves a run that needs fewer (a prefix).
     train_tokens: int = 0
     valid_docs: int = 1823  # first documents of validation: 0.5% of C4-en's 364,608
