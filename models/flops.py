@@ -39,9 +39,11 @@ def ffn_flops(cfg: Any, include_selection: bool = False) -> int:
     elif isinstance(cfg, DenseConfig):
         macs = 2 * D * cfg.d_ff
     elif isinstance(cfg, PKMConfig):
-        # per head: both halves' sub-key scores (2 x n_subkeys x D/2) and the weighted sum of
-        # the k selected values (k x D)
-        macs = cfg.heads * (cfg.n_subkeys * D + cfg.k * D)
+        # per head: both halves' sub-key scores (2 x n_subkeys x D/2); then the weighted sum
+        # of the k selected values per head (k x D), or, when all n^2 values are scored
+        # (cfg.dense), one product with the whole value table (n^2 x D)
+        macs = cfg.heads * cfg.n_subkeys * D
+        macs += cfg.n_values * D if cfg.dense else cfg.heads * cfg.k * D
     else:
         raise TypeError(f"no FLOPs formula for {type(cfg).__name__}")
     return FLOPS_PER_MAC * macs

@@ -224,6 +224,9 @@ def test_ffn_flops_formulas():
     assert ffn_flops(moe) == 2 * 2 * D * 4 * 128
     assert ffn_flops(moe, include_selection=True) == 2 * (2 * D * 4 * 128 + D * 16)
     assert ffn_flops(PKMConfig(D, 16, n_subkeys=62)) == 2 * 4 * (62 * D + 128 * D)
+    # k >= n_subkeys with dense_when_k_covers: every one of the 62^2 values is weighted
+    dense_pkm = PKMConfig(D, 16, n_subkeys=62, dense_when_k_covers=True)
+    assert ffn_flops(dense_pkm) == 2 * (4 * 62 * D + 62**2 * D)
     assert dense_counterpart(moe).d_ff == 16 * 128
     assert relative_ffn_flops(moe) == 4 / 16
     # against the real baseline (d_ff 2053, not 2048) the ratio is 24.9%, not the table's 25.0
