@@ -69,7 +69,8 @@ class RelativeAttention(nn.Module):
         cat_BLD = h_BTD if mem_BMD is None else torch.cat([mem_BMD.to(h_BTD.dtype), h_BTD], 1)
         L = cat_BLD.shape[1]
         M = L - T
-        q_BTHC = self.qkv(h_BTD)[..., : H * C].view(B, T, H, C)
+        # one weight, two products: queries of the segment, keys/values of memory + segment
+        q_BTHC = F.linear(h_BTD, self.qkv.weight[: H * C]).view(B, T, H, C)
         kv = F.linear(cat_BLD, self.qkv.weight[H * C :])
         k_BHLC, v_BHLC = kv.view(B, L, 2, H, C).permute(2, 0, 3, 1, 4)
 

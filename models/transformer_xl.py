@@ -65,6 +65,9 @@ class TransformerXL(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.embedding = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        # as the authors' code (pre-LN: Xavier-uniform, no sqrt(d_model) scale; REFERENCE.md
+        # is silent): nn.Embedding's N(0, 1) would dwarf the layers' updates of the residual
+        nn.init.xavier_uniform_(self.embedding.weight)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
         self.ln_f = nn.LayerNorm(cfg.d_model)
         self.head = nn.Linear(cfg.d_model, cfg.vocab_size)  # untied, with bias

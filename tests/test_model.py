@@ -86,3 +86,6 @@ def test_linear_init_std_and_attention_params():
     assert torch.all(attn.u_HC == 0) and torch.all(attn.v_HC == 0)
     assert attn.scale.item() == pytest.approx(1 / 8)
     assert model.head.bias is not None and model.head.weight is not model.embedding.weight
+    # embedding: Xavier-uniform as the authors' code, std sqrt(2 / (vocab + d_model))
+    assert model.embedding.weight.std().item() == pytest.approx(
+        math.sqrt(2 / (V + 256)), rel=0.03)
