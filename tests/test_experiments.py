@@ -195,8 +195,8 @@ def test_experiment_composes_builds_and_is_well_formed(name):
         elif variant == "switch":
             assert ffn.hidden_dropout == (0.0 if ablation.endswith("_nodrop") else dropout)
             assert (ffn.balance_coef, ffn.capacity_factor, ffn.init) == (0.01, 0.0, "standard")
-        else:  # S-BASE: our regularizer, no expert dropout (paper Sec. 5)
-            assert (ffn.expert_dropout, ffn.reg_gamma, ffn.sinkhorn_iters) == (0.0, gamma, 3)
+        else:  # S-BASE: regularizer and expert dropout as the row's sigma-MoE (REFERENCE.md)
+            assert (ffn.expert_dropout, ffn.reg_gamma, ffn.sinkhorn_iters) == (delta, gamma, 3)
 
     if paper["params_m"] is not None:
         target = paper["params_m"]
