@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import difflib
 import hashlib
+import re
 import sys
 from contextlib import contextmanager
 from pathlib import Path
@@ -65,6 +66,43 @@ def prepare_argv(argv: list[str]) -> None:
     if not exps and not sweep and not any(
             a in ("--help", "-h", "--hydra-help") for a in argv[1:]):
         argv.append(f"+exp={DEFAULT_EXP}")
+    if not multirun and not sweep and not inspect:
+        try:
+            check_overrides([a for a in argv[1:] if not a.startswith("-")])
+        except ConfigError as e:
+            print(f"error: {e}", file=sys.stderr)
+            sys.exit(1)
+
+
+def check_overrides(overrides: list[str]) -> None:
+    """Compose the config once before Hydra does, to turn its several-line answer to a
+    mistyped key (which advises `+key=` to add it) into one line with the likely key."""
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
+
+    ours = [o for o in overrides if not o.lstrip("+~").startswith("hydra")]
+    try:
+        with initialize_config_dir(str(CONFIGS), version_base=None):
+            compose("config", overrides=ours)
+    except HydraException as e:
+        lines = str(e).strip().splitlines()
+        first = lines[0]
+        bad = re.match(r"Could not override '([\w.]+)'", first)
+        if not bad:
+            if "Available options" in str(e):  # an unknown group option: name the choices
+                opts = [x.strip() for x in lines if x.startswith("\t") and "=" not in x]
+                first += f" (available: {', '.join(opts)})"
+            raise ConfigError(first) from None
+        key = bad[1]
+        group, _, leaf = key.rpartition(".")
+        with initialize_config_dir(str(CONFIGS), version_base=None):
+            cfg = compose("config", overrides=[o for o in ours
+                                               if not o.startswith(f"{key}=")])
+        node = OmegaConf.select(cfg, group) if group else cfg
+        known = [str(k) for k in node.keys()] if OmegaConf.is_dict(node) else []
+        close = difflib.get_close_matches(leaf, known, n=1, cutoff=0.6)
+        hint = f" (did you mean '{group + '.' if group else ''}{close[0]}'?)" if close else ""
+        raise ConfigError(f"unknown config key '{key}'{hint}") from None
 
 
 def prepare_run_dir(cfg: dict[str, Any]) -> Path | None:

@@ -52,7 +52,9 @@ class RunLogger:
             self.wandb = wandb.init(
                 project=cfg.project, entity=cfg.entity or None, mode=cfg.mode, name=name,
                 group=cfg.group or None, id=run_id, resume="allow", dir=str(run_dir),
-                config=config, tags=[config.get("ffn", {}).get("kind", "")],
+                # run_dir: its name holds the overrides (scripts/paper_tables.py reads them)
+                config={**config, "run_dir": str(run_dir)},
+                tags=[config.get("ffn", {}).get("kind", "")],
             )
 
     def log(self, metrics: dict[str, Any], step: int) -> None:

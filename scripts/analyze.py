@@ -3,7 +3,7 @@
 `coocurence`).
 
     python scripts/analyze.py runs/wt103_small_dense                 # Fig. 1
-    python scripts/analyze.py runs/wt103_xl_moe runs/wt103_xl_switch --layer 5
+    python scripts/analyze.py runs/wt103_star_moe runs/wt103_star_switch --layer 5
     python scripts/analyze.py runs/x/checkpoint_00100000.pt --split test --max-segments 50
 
 For each run (a run directory: its config.yaml and newest valid checkpoint; or one

@@ -213,23 +213,32 @@ def find_runs(roots: list[Path], all_overrides: bool = False) -> tuple[list[Run]
     return runs, skipped
 
 
-def wandb_runs(project: str) -> list[Run]:
-    """Finished runs of a wandb project: config `name` / `trainer.seed`, summary
-    `valid_<metric>` / `test_<metric>` (written by tasks/lm_run.py)."""
+def wandb_runs(project: str, all_overrides: bool = False) -> tuple[list[Run], list[Skipped]]:
+    """Finished runs of a wandb project: config `name` / `trainer.seed` / `run_dir`, summary
+    `valid_<metric>` / `test_<metric>` (written by tasks/lm_run.py at the end of training).
+    Crashed or running ones are not finished; runs with other overrides (read from their
+    run directory's name, as local runs) are left out like local ones."""
     import wandb
 
-    out = []
+    out, skipped = [], []
     for r in wandb.Api().runs(project):
         cfg, summary = dict(r.config), r.summary
+        if getattr(r, "state", "finished") != "finished" or not cfg.get("name"):
+            continue
+        name, source = str(cfg["name"]), f"wandb:{project}/{r.id}"
+        extra = other_overrides(run_overrides(Path(cfg["run_dir"]), name)
+                                if cfg.get("run_dir") else None)
+        if extra and not all_overrides:
+            skipped.append(Skipped(Path(source), name, ",".join(extra)))
+            continue
         for metric in ("ppl", "bpc"):
             valid, test = summary.get(f"valid_{metric}"), summary.get(f"test_{metric}")
-            if valid is not None and test is not None and cfg.get("name"):
+            if valid is not None and test is not None:
                 seed = (cfg.get("trainer") or {}).get("seed")
-                out.append(Run(str(cfg["name"]), seed, metric, {metric: float(valid)},
-                               {metric: float(test)}, summary.get("n_params"),
-                               f"wandb:{project}/{r.id}"))
+                out.append(Run(name, seed, metric, {metric: float(valid)},
+                               {metric: float(test)}, summary.get("n_params"), source))
                 break
-    return out
+    return out, skipped
 
 
 def by_experiment(runs: list[Run]) -> dict[str, list[Run]]:
@@ -494,7 +503,8 @@ def main(argv: list[str] | None = None) -> str:
         if s.name is None:
             print(f"warning: {s}", file=sys.stderr)
     if args.wandb:  # by_experiment prefers a local run of the same seed (newer mtime)
-        runs += wandb_runs(args.wandb)
+        more, more_skipped = wandb_runs(args.wandb, args.all_overrides)
+        runs, skipped = runs + more, skipped + more_skipped
     tables = build_all(exps, runs, skipped, args.table, args.flops_selector)
     render = render_latex if args.format == "latex" else render_markdown
     text = "\n".join(render(t) for t in tables) if tables else "no table entries in " \

@@ -2,7 +2,7 @@
 `benchmark_es`, `benchmark_dmodel`; App. "More on Resource Efficiency").
 
     python scripts/bench_moe.py                     # writes benchmarks/moe_<device>.json
-    python scripts/plot_bench.py benchmarks/moe_cuda.json [--out DIR]
+    python scripts/plot_bench.py benchmarks/moe_<device>.json [--out DIR]
 
 Time and memory of a forward-backward pass of one MLP / MoE layer against d_model, N_E or
 G: full lines are time (left axis, ms), dashed lines memory (right axis, MB), one colour per

@@ -76,7 +76,9 @@ def run(cfg: dict[str, Any], run_dir: Path) -> dict[str, Any] | None:
         device = torch.device("cuda", dist_info.local_rank)
     if dist_info.is_main:
         check_writable(run_dir)
-        if not list_checkpoints(run_dir):  # a resumed run keeps the config it started with
+        # a resumed run keeps the config it started with; an eval writes no config (it
+        # fails when there is no checkpoint, and must leave no directory behind then)
+        if mode == "train" and not list_checkpoints(run_dir):
             atomic_write_bytes(run_dir / "config.yaml", OmegaConf.to_yaml(cfg).encode())
     seed_everything(trainer_cfg.seed)  # same init on every rank (DDP also broadcasts it)
     model = TransformerXL(model_cfg).to(device)
@@ -125,8 +127,9 @@ def run(cfg: dict[str, Any], run_dir: Path) -> dict[str, Any] | None:
         # mid-training must not, or the run could never resume
         out = write_results(run_dir, results, "results.json" if mode == "train"
                             else "eval_results.json")
-        logger.summary({**{f"{s}_{data.metric}": results[s][data.metric]
-                           for s in ("valid", "test")}, "n_params": count})
+        if mode == "train":  # the summary marks a finished run (scripts/paper_tables.py)
+            logger.summary({**{f"{s}_{data.metric}": results[s][data.metric]
+                               for s in ("valid", "test")}, "n_params": count})
         print(f"final valid {data.metric} {results['valid'][data.metric]:.4f} | "
               f"test {data.metric} {results['test'][data.metric]:.4f} | results: {out}")
         return results

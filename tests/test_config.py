@@ -65,6 +65,11 @@ def test_cli_errors_are_one_line(tmp_path):
     assert "unknown config key 'ffn.n_expert'" in out.stderr
     assert not (tmp_path / "r1").exists()  # no run directory that looks like a run
 
+    out = run_cli("ffn.n_expert=3", f"hydra.run.dir={tmp_path}/r3", cwd=tmp_path)
+    assert out.returncode == 1 and out.stderr.strip() == (
+        "error: unknown config key 'ffn.n_expert' (did you mean 'ffn.n_experts'?)")
+    assert not (tmp_path / "r3").exists()
+
     out = run_cli("ffn.k=17", f"hydra.run.dir={tmp_path}/r2", cwd=tmp_path)
     assert out.returncode == 1 and "ffn.k=17 must be between 1 and ffn.n_experts=16" in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1 and not (tmp_path / "r2").exists()

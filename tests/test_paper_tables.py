@@ -150,11 +150,24 @@ def test_c4_uses_validation_and_wandb_runs(tmp_path, monkeypatch):
         "valid": {"ppl": 23.0}, "test": {"ppl": 99.0}}))
 
     class FakeRun:
-        id = "abc"
-        config = {"name": "c4_small_dense", "trainer": {"seed": 0}}
+        id, state = "abc", "finished"
+        config = {"name": "c4_small_dense", "trainer": {"seed": 0},
+                  "run_dir": "/somewhere/runs/c4_small_dense"}
         summary = {"valid_ppl": 24.0, "test_ppl": 98.0}
 
-    fake = types.SimpleNamespace(Api=lambda: types.SimpleNamespace(runs=lambda p: [FakeRun]))
+    class Crashed(FakeRun):  # not finished: never counted
+        id, state = "def", "crashed"
+        config = {**FakeRun.config, "trainer": {"seed": 1}}
+        summary = {"valid_ppl": 1.0, "test_ppl": 1.0}
+
+    class OtherOverrides(FakeRun):  # ffn.k=2: another config, listed but not counted
+        id = "ghi"
+        config = {**FakeRun.config, "trainer": {"seed": 2},
+                  "run_dir": "/somewhere/runs/c4_small_dense/ffn.k=2"}
+        summary = {"valid_ppl": 2.0, "test_ppl": 2.0}
+
+    fake = types.SimpleNamespace(Api=lambda: types.SimpleNamespace(
+        runs=lambda p: [FakeRun, Crashed, OtherOverrides]))
     monkeypatch.setitem(sys.modules, "wandb", fake)
     text = paper_tables.main(["--exp-dir", str(exps), "--runs", str(tmp_path / "runs"),
                               "--table", "c4_pes2o", "--wandb", "me/proj"])

@@ -92,6 +92,7 @@ def test_eval_mode_reevaluates_the_last_checkpoint(tmp_path):
     assert choose_run_dir(cfg, tmp_path) == tmp_path
     with pytest.raises(ConfigError, match="no checkpoint"):
         RUN({**cfg, "mode": "eval"}, tmp_path / "empty")
+    assert not (tmp_path / "empty" / "config.yaml").exists()  # nothing that looks like a run
 
 
 def test_wandb_offline_logs_into_the_run_dir(tmp_path, monkeypatch):
