@@ -170,3 +170,16 @@ def test_damaged_entry_is_reported(tmp_path):
         f.write(b"\0\0")
     with pytest.raises(DataError, match="damaged"):
         Wt103.load(cfg_for(tmp_path))
+
+
+def test_a_source_failing_during_bpe_training_keeps_its_own_message(tmp_path):
+    """SentencePiece rewraps what its input iterator raises ("INTERNAL: ..."): an offline
+    source's one-line DataError must come out as it was, not as a SentencePiece failure."""
+    def texts():
+        yield from ["some text to start with"] * 50
+        raise DataError("c4: cannot stream allenai/c4 (offline); prepare it with `...`")
+
+    with pytest.raises(DataError) as err:
+        subword.train_spm(texts(), subword.SpmSettings(40, True), tmp_path / "spm.model")
+    assert str(err.value).startswith("c4: cannot stream") and "SentencePiece" not in str(
+        err.value)

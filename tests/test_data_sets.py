@@ -164,6 +164,21 @@ def test_c4_documents_separated_and_train_limited(tmp_path, c4_dir, monkeypatch)
     assert (everything == eos).sum() == len(train_docs)
 
 
+def test_c4_default_copy_that_grew_is_read_again(tmp_path):
+    """A cache built from a partial raw copy ran dry ("exhausted"); once the missing shards
+    are added, a run with no source re-reads the copy instead of reusing the short cache."""
+    raw = tmp_path / "cache" / "raw" / "c4"
+    write_shards(raw, "en/c4-validation.{:05d}-of-00008.json.gz", 1, 30, 4)
+    write_shards(raw, "en/c4-train.{:05d}-of-01024.json.gz", 1, 40, 3)
+    kw = dict(cache_dir=str(tmp_path / "cache"), vocab_size=80, spm_train_docs=30,
+              valid_docs=5, num_proc=1)
+    with pytest.raises(DataError, match="holds only"):
+        C4.load(C4Config(train_tokens=10_000_000, **kw))
+    short = len(C4.load(C4Config(**kw)).splits["train"])  # offline: what there is
+    write_shards(raw, "en/c4-train.{:05d}-of-01024.json.gz", 2, 40, 3)  # the missing shard
+    assert len(C4.load(C4Config(**kw)).splits["train"]) > short
+
+
 def test_c4_parallel_encoding_matches_serial(tmp_path, c4_dir):
     src = c4_dir[0]
     kw = dict(source=str(src), vocab_size=100, spm_train_docs=50, valid_docs=3,
@@ -197,6 +212,13 @@ def test_pes2o_layout_and_offline_message(tmp_path, monkeypatch):
     assert "\n" not in msg and msg.startswith("pes2o: could not stream allenai/peS2o")
     assert "python scripts/prepare_data.py pes2o --source" in msg
     assert not list((tmp_path / "empty" / "pes2o").glob("*/manifest.json"))
+    # WikiText-103 fails inside BPE training (its lines are read lazily): the same one line,
+    # naming the v1 release as the local copy (the hub repo's parquet files are not one)
+    with pytest.raises(DataError) as e:
+        Wt103.load(Wt103Config(cache_dir=str(tmp_path / "empty")))
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith("wt103: could not stream Salesforce/wikitext")
+    assert "prepare_data.py wt103 --source /path/to/wikitext-103" in msg
 
 
 def test_wikitext_mini_size_and_vocab(tmp_path):

@@ -207,13 +207,16 @@ def load_or_prepare(name: str, cfg: Any, settings: dict[str, Any], what: str,
                     locate: Callable[[Path], Source | None],
                     build: Callable[[Source, Path, Entry | None], dict[str, Any]],
                     default_names: tuple[str, ...], online: Callable[[], Source] | None = None,
-                    accept: Callable[[Entry], bool] = lambda e: True) -> Entry:
+                    accept: Callable[[Entry], bool] = lambda e: True,
+                    complete: Callable[[Entry], bool] | None = None) -> Entry:
     """The common path of the downloaded datasets.
 
     An explicit `cfg.source` must exist and is used (keyed by its fingerprint). With
-    `source: ""`: an entry prepared earlier with these settings (from any source), else a
-    copy at `<cache_dir>/raw/<default name>`, else `online()` (a Hugging Face stream, for
-    the datasets that have one); failing all, a one-line DataError with the prepare command.
+    `source: ""`: a `complete` entry prepared earlier with these settings (from any source),
+    else a copy at `<cache_dir>/raw/<default name>`, else an `accept`ed entry (one whose
+    source ran dry: `accept` holds for its own source only, and a grown copy must be
+    re-read), else `online()` (a Hugging Face stream, for the datasets that have one);
+    failing all, a one-line DataError with the prepare command.
     """
     cache = resolve_cache_dir(cfg.cache_dir)
     root = cache / name
@@ -224,12 +227,16 @@ def load_or_prepare(name: str, cfg: Any, settings: dict[str, Any], what: str,
         if src is None:
             raise DataError(f"{name}: no {what} at {path}; prepare it with `{hint}`")
     else:
-        entry = find_prepared(root, settings, accept)
+        defaults = [cache / "raw" / n for n in default_names]
+        src = None
+        entry = find_prepared(root, settings, complete or accept)
+        if entry is None:
+            src = next((s for p in defaults if p.exists() and (s := locate(p))), None)
+            if src is None:
+                entry = find_prepared(root, settings, accept)
         if entry is not None:
             log.info("%s: using %s (prepared from %s)", name, entry.path, entry.manifest["source"])
             return entry
-        defaults = [cache / "raw" / n for n in default_names]
-        src = next((s for p in defaults if p.exists() and (s := locate(p))), None)
         if src is None and online is not None:
             src = online()
         if src is None:

@@ -94,8 +94,11 @@ class Pes2oConfig(StreamConfig):
 
 
 def hf_texts(name: str, repo: str, split: str = "train", data_files: str | None = None,
-             config: str | None = None, field: str = "text") -> Iterator[str]:
-    """Streams `field` of a hub dataset: its `data_files` glob read as json, or `config`."""
+             config: str | None = None, field: str = "text",
+             local: str = "") -> Iterator[str]:
+    """Streams `field` of a hub dataset: its `data_files` glob read as json, or `config`.
+    `local`: what the error's prepare command names as the local copy (default: a clone of
+    the repo)."""
     try:
         from datasets import load_dataset
 
@@ -108,7 +111,7 @@ def hf_texts(name: str, repo: str, split: str = "train", data_files: str | None 
         first = next(rows)
     except Exception as e:  # offline, no `datasets`, a renamed repo: one actionable line
         reason = (str(e).strip().splitlines() or [""])[0][:200]
-        cmd = prepare_command(name, f"/path/to/local/{repo.split('/')[-1]}")
+        cmd = prepare_command(name, local or f"/path/to/local/{repo.split('/')[-1]}")
         raise DataError(f"{name}: could not stream {repo} from the Hugging Face hub "
                         f"({type(e).__name__}: {reason}); prepare it with `{cmd}`") from None
     for row in itertools.chain([first], rows):
@@ -172,13 +175,15 @@ class HfStream:
             made["exhausted"] = made["arrays"]["train"]["length"] < cfg.needed_tokens
             return made
 
-        def enough(e: Entry) -> bool:  # a shorter cache is fine only if the source ran dry
-            return e.manifest["arrays"]["train"]["length"] >= cfg.needed_tokens or bool(
-                e.manifest.get("exhausted"))
+        def full(e: Entry) -> bool:
+            return e.manifest["arrays"]["train"]["length"] >= cfg.needed_tokens
+
+        def enough(e: Entry) -> bool:  # a shorter cache is fine only if its source ran dry
+            return full(e) or bool(e.manifest.get("exhausted"))
 
         what = f"shards matching {cfg.train_files} and {cfg.valid_files}"
         return load_or_prepare(name, cfg, cls.settings(cfg), what, locate, build, (name,),
-                               online, enough)
+                               online, enough, full)
 
     @classmethod
     def load(cls, cfg: StreamConfig) -> TokenData:

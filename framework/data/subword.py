@@ -52,7 +52,16 @@ def train_spm(texts: Iterable[str], s: SpmSettings, out: Path, desc: str = "") -
     import sentencepiece as spm
 
     spm.set_random_generator_seed(s.seed)
-    texts = (t for t in texts if t.strip())
+    failed: list[DataError] = []
+
+    def nonblank(texts):  # remembers a failure of the source (SentencePiece rewraps it)
+        try:
+            yield from (t for t in texts if t.strip())
+        except DataError as e:
+            failed.append(e)
+            raise
+
+    texts = nonblank(texts)
     model = io.BytesIO()
     try:
         spm.SentencePieceTrainer.train(
@@ -65,9 +74,9 @@ def train_spm(texts: Iterable[str], s: SpmSettings, out: Path, desc: str = "") -
             # there is rather than fail; the vocab size is read back from the model
             hard_vocab_limit=False, minloglevel=2,
         )
-    except DataError:  # the source failed (e.g. offline), not SentencePiece
-        raise
-    except RuntimeError as e:
+    except RuntimeError as e:  # SentencePiece raises what the iterator raised as "INTERNAL"
+        if failed:  # the source failed (e.g. offline), not SentencePiece
+            raise failed[0] from None
         raise DataError(f"{desc}: SentencePiece training failed: {e}") from None
     out.write_bytes(model.getvalue())
 

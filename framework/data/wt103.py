@@ -83,7 +83,9 @@ def online() -> Source:
     hf_split = {"valid": "validation"}
 
     def lines(split: str) -> Iterator[str]:
-        return hf_texts("wt103", HF_REPO, split=hf_split.get(split, split), config=HF_CONFIG)
+        # the hub repo holds parquet files; a local copy is the v1 release (locate above)
+        return hf_texts("wt103", HF_REPO, split=hf_split.get(split, split), config=HF_CONFIG,
+                        local="/path/to/wikitext-103")
 
     return Source({"hf": f"{HF_REPO}/{HF_CONFIG}"}, lines)
 
