@@ -152,8 +152,12 @@ class Trainer:
         self.scaler.load_state_dict(state["scaler"])
         self.task.load_state_dict(state["task"])
         rngs = state["rng"]  # one per rank
-        set_rng_state(rngs[self.dist.rank] if self.dist.rank < len(rngs) else rngs[0])
         self.step = int(state["step"])
+        if self.dist.rank < len(rngs):
+            set_rng_state(rngs[self.dist.rank])
+        else:  # resumed on more ranks: a stream of its own (a copy of rank 0's would give
+            # the same dropout masks on two ranks)
+            seed_everything(hash((self.cfg.seed, self.dist.rank, self.step)) % 2**31)
         self.logger.truncate(state.get("metrics_bytes"))  # the steps redone are logged anew
 
     def checkpoint(self) -> None:

@@ -91,8 +91,12 @@ def same_results(run_dir: Path, reference: dict) -> None:
     got = json.loads((run_dir / "results.json").read_text())
     assert got["valid"] == reference["valid"] and got["test"] == reference["test"]
     assert got["steps"] == 10 and not list(run_dir.glob(".*.tmp"))
-    # the steps redone after the checkpoint are logged once, with the same numbers
-    assert logged(run_dir) == reference["rows"]
+    # the steps redone after the checkpoint are logged once, with the same numbers (up to
+    # the last bits of MKL's threaded reductions, e.g. of the gradient norm)
+    got, want = logged(run_dir), reference["rows"]
+    assert [(r["step"], sorted(r)) for r in got] == [(r["step"], sorted(r)) for r in want]
+    for a, b in zip(got, want):
+        assert a == pytest.approx(b, rel=1e-6)
 
 
 def test_kill9_at_random_step_then_rerun_matches(tmp_path, reference):
