@@ -34,7 +34,9 @@ def grouped_mm_problem(x_TD: torch.Tensor, w1_EDG: torch.Tensor) -> str | None:
 
 def moe_mlp_grouped_mm(x_TD, gate_TK, w1_EDG, w2_EGD, routing, p=0.0, training=False):
     T, K = gate_TK.shape
-    offs_E = routing.off_S[K::K]  # cumulative end row of every expert
+    # cumulative end row of every expert; contiguous: the CUDA kernel reads the raw pointer
+    # (a strided view gives it the wrong boundaries; only the CPU fallback honours strides)
+    offs_E = routing.off_S[K::K].contiguous()
     xs_RD = x_TD[routing.tok_R.long()]
     h_RG = F.relu(torch._grouped_mm(xs_RD, w1_EDG, offs=offs_E))
     h_RG = F.dropout(h_RG, p, training)

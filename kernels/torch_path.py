@@ -142,7 +142,7 @@ def torch_fwd(
 
     def work(c):
         y_TD[_chunk_rows(T, C, c)].zero_()
-        gen = torch.Generator().manual_seed(seeds[c]) if drop else None
+        gen = torch.Generator(x_TD.device).manual_seed(seeds[c]) if drop else None
         # one workspace sliced per expert: fresh per-expert tensors get page-faulted anew
         x_nD, o_nD = x_TD.new_empty(n_max, D), x_TD.new_empty(n_max, D)
         hg_nG = h_RG.new_empty(n_max, G)

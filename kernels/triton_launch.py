@@ -46,8 +46,10 @@ _MIN_BLOCK_N = (_INTERPRET_BLOCKS["BLOCK_N"] if INTERPRET
 if INTERPRET:
     _gather_mm, _scatter_mm, _wgrad = gather_mm_kernel, scatter_mm_kernel, wgrad_kernel
 else:
-    _gather_mm = triton.autotune(_MM_CONFIGS, key=["N", "KD", "EPILOGUE"])(
-        gather_mm_kernel)
+    # gpart has a row per 64 columns; a config with wider tiles writes fewer rows, so rows a
+    # timing trial wrote would be summed into the gate gradient: zeroed before every run
+    _gather_mm = triton.autotune(_MM_CONFIGS, key=["N", "KD", "EPILOGUE"],
+                                 reset_to_zero=["gpart_ptr"])(gather_mm_kernel)
     # the slot kernel reads what it writes: every timing trial must start from the same Y
     _scatter_mm = triton.autotune(_MM_CONFIGS, key=["N", "KD", "HAS_SCALE"],
                                   restore_value=["y_ptr"])(scatter_mm_kernel)

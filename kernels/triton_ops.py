@@ -148,10 +148,13 @@ def _(gy_TD, x_TD, gate_TK, w1_EDG, w2_EGD, tok_R, order_R, off_S, h_RG):
 
 def _fused_setup(ctx, inputs, output):
     ctx.mark_non_differentiable(output[1])
+    ctx.set_materialize_grads(False)  # h gets no gradient: don't build a zero R x G for it
     ctx.save_for_backward(*inputs, output[1])
 
 
 def _fused_backward(ctx, gy_TD, _gh):
+    if gy_TD is None:
+        return None, None, None, None, None, None, None
     gx, gg, gw1, gw2 = fused_bwd(gy_TD.contiguous(), *ctx.saved_tensors)
     return gx, gg, gw1, gw2, None, None, None
 
