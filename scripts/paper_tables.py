@@ -223,7 +223,7 @@ def wandb_runs(project: str, all_overrides: bool = False) -> tuple[list[Run], li
     out, skipped = [], []
     for r in wandb.Api().runs(project):
         cfg, summary = dict(r.config), r.summary
-        if getattr(r, "state", "finished") != "finished" or not cfg.get("name"):
+        if r.state != "finished" or not cfg.get("name"):
             continue
         name, source = str(cfg["name"]), f"wandb:{project}/{r.id}"
         extra = other_overrides(run_overrides(Path(cfg["run_dir"]), name)

@@ -55,8 +55,8 @@ class StreamConfig:
     split_digits: bool = True
     spm_train_docs: int = 100_000  # first documents whose lines train the BPE (~1/3 shard)
     # tokens of the train split = batch x (steps x context + 1) (base.train_tokens_for);
-    # 0 = DEFAULT_TRAIN_TOKENS. Not in
-    # the cache key: a cache with more tokens serves a run that needs fewer (a prefix).
+    # 0 = DEFAULT_TRAIN_TOKENS. Not in the cache key: a cache with more tokens serves a run
+    # that needs fewer (a prefix).
     train_tokens: int = 0
     valid_docs: int = 1823  # first documents of validation: 0.5% of C4-en's 364,608
     num_proc: int = 0  # encoding processes; 0 = all cores (does not change the result)
