@@ -31,8 +31,7 @@ def brute_sigma(moe, x_D, selection) -> torch.Tensor:
     z_E = moe.w3_ED @ x_D
     if selection == "softmax_renorm":  # top-K on logits, softmax over the K
         top = sorted(range(E), key=lambda e: -z_E[e].item())[:K]
-        w = [math.exp(z_E[e].item()) for e in top]
-        return brute_moe(moe, x_D, top, [v / sum(w) for v in w])
+        return brute_moe(moe, x_D, top, torch.softmax(z_E[top], 0))
     s_E = torch.sigmoid(z_E) if selection == "sigmoid" else torch.softmax(z_E, 0)
     top = sorted(range(E), key=lambda e: -s_E[e].item())[:K]
     return brute_moe(moe, x_D, top, [s_E[e] for e in top])
@@ -47,6 +46,26 @@ def test_output_matches_per_token_loop(selection):
         y_TD = moe(x_BTD).reshape(-1, D)
         want = torch.stack([brute_sigma(moe, x, selection) for x in x_BTD.reshape(-1, D)])
     torch.testing.assert_close(y_TD, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("selection", ["sigmoid", "softmax", "softmax_renorm"])
+@pytest.mark.parametrize("training", [False, True])
+def test_gradients_match_per_token_loop(selection, training):
+    """d/d(x, W1, W2, W3) of the output (the selector W3 learns through the gates) and, in
+    training, of the entropy regularizer on the selection logits (Eq. our_reg)."""
+    torch.manual_seed(1)
+    moe = make(selection=selection, reg_gamma=0.3).train(training)  # no dropout: exact
+    x_BTD = torch.randn(2, 4, D, requires_grad=True)
+    r_TD = torch.randn(8, D)
+    wrt = [x_BTD, moe.w1_EDG, moe.w2_EGD, moe.w3_ED]
+    loss = (moe(x_BTD).reshape(-1, D) * r_TD).sum()
+    got = torch.autograd.grad(loss + (moe.pop_loss() if training else 0), wrt)
+    x_TD = x_BTD.reshape(-1, D)
+    want = (torch.stack([brute_sigma(moe, x, selection) for x in x_TD]) * r_TD).sum()
+    if training:
+        want = want + 0.3 * entropy_regularizer(x_TD @ moe.w3_ED.T)
+    for g, w in zip(got, torch.autograd.grad(want, wrt)):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5)
 
 
 def test_entropy_regularizer_hand_built():
@@ -86,7 +105,15 @@ def test_expert_dropout_gives_dropped_experts_zero_weight(selection):
     keep_TE = torch.rand_like(logits_TE) >= 0.5
     kept_TK = keep_TE.gather(-1, expert_TK)
     assert (gate_TK[~kept_TK] == 0).all() and (~kept_TK).any()
-    assert (gate_TK[kept_TK] > 0).all()
+    # kept gates are the undropped scores, not rescaled by 1/(1-delta); softmax over all N_E
+    # (before top-k) or over the K kept logits (after top-k, renormalised)
+    if selection == "softmax_renorm":
+        masked_TE = logits_TE.masked_fill(~keep_TE, torch.finfo(logits_TE.dtype).min)
+        want_TK = torch.softmax(masked_TE.gather(-1, expert_TK), -1)
+    else:
+        act = torch.sigmoid if selection == "sigmoid" else lambda z: torch.softmax(z, -1)
+        want_TK = act(logits_TE).gather(-1, expert_TK)
+    torch.testing.assert_close(gate_TK[kept_TK], want_TK[kept_TK])
     # The kept experts are the best-scoring kept ones: nothing better was kept but skipped.
     masked_TE = logits_TE.masked_fill(~keep_TE, -math.inf)
     best_TK = masked_TE.topk(3, dim=-1).values

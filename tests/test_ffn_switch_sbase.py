@@ -42,6 +42,23 @@ def test_switch_output_matches_per_token_loop(k):
         torch.testing.assert_close(moe(x_TD), torch.stack(want), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("k", [1, 3])
+def test_switch_gradients_match_per_token_loop(k):
+    """The selector learns through the softmax gate (no balancing loss in eval)."""
+    torch.manual_seed(2)
+    moe = SwitchMoE(SwitchConfig(**{**BASE, "k": k})).eval()
+    x_TD, r_TD = torch.randn(9, D, requires_grad=True), torch.randn(9, D)
+    wrt = [x_TD, moe.w1_EDG, moe.w2_EGD, moe.w3_ED]
+    got = torch.autograd.grad((moe(x_TD) * r_TD).sum(), wrt)
+    want = []
+    for x_D in x_TD:
+        p_E = torch.softmax(moe.w3_ED @ x_D, 0)
+        chosen = top(p_E.detach(), k)
+        want.append(brute_moe(moe, x_D, chosen, [p_E[e] for e in chosen]))
+    for g, w in zip(got, torch.autograd.grad((torch.stack(want) * r_TD).sum(), wrt)):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5)
+
+
 # p = (3/4, 1/4) for tokens 0, 1, 3 (-> expert 0) and (1/4, 3/4) for token 2 (-> expert 1)
 LN3 = math.log(3.0)
 HAND_LOGITS = torch.tensor([[LN3, 0.0], [LN3, 0.0], [0.0, LN3], [LN3, 0.0]])
@@ -113,6 +130,26 @@ def test_sbase_output_matches_per_sequence_brute_force(training):
                 gates = [torch.sigmoid(logits_TE[t, e]) for e in chosen]
                 want = brute_moe(moe, x_BTD[b, t], chosen, gates)
                 torch.testing.assert_close(y_BTD[b, t], want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("training", [True, False])
+def test_sbase_gradients_match_per_sequence_brute_force(training):
+    """Sinkhorn only ranks (no gradient); the selector learns through sigmoid(raw logit)."""
+    torch.manual_seed(3)
+    moe = make_sbase(sinkhorn_iters=2).train(training)
+    x_BTD, r_BTD = torch.randn(2, 5, D, requires_grad=True), torch.randn(2, 5, D)
+    wrt = [x_BTD, moe.w1_EDG, moe.w2_EGD, moe.w3_ED]
+    got = torch.autograd.grad((moe(x_BTD) * r_BTD).sum(), wrt)
+    want = 0
+    for b in range(2):
+        logits_TE = x_BTD[b] @ moe.w3_ED.T
+        rank_TE = brute_sinkhorn(logits_TE.detach(), 2) if training else logits_TE.detach()
+        for t in range(5):
+            chosen = top(rank_TE[t], K)
+            gates = [torch.sigmoid(logits_TE[t, e]) for e in chosen]
+            want = want + (brute_moe(moe, x_BTD[b, t], chosen, gates) * r_BTD[b, t]).sum()
+    for g, w in zip(got, torch.autograd.grad(want, wrt)):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5)
 
 
 def skewed_sbase() -> tuple[SBaseMoE, torch.Tensor]:
