@@ -89,3 +89,34 @@ def test_linear_init_std_and_attention_params():
     # embedding: Xavier-uniform as the authors' code, std sqrt(2 / (vocab + d_model))
     assert model.embedding.weight.std().item() == pytest.approx(
         math.sqrt(2 / (V + 256)), rel=0.03)
+
+
+def test_relative_attention_matches_a_per_query_loop():
+    """score(i, j) = scale [(q_i + u) k_j + (q_i + v) R_{M+i-j}], over memory and the causal
+    past only (Transformer-XL Sec. 3.3), with every parameter random (u, v start at 0)."""
+    from models.attention import AttentionConfig, RelativeAttention, sinusoid_encoding
+
+    torch.manual_seed(4)
+    H, C, Dm, M, T = 2, 3, 8, 2, 3
+    attn = RelativeAttention(AttentionConfig(Dm, H, C, 2))
+    with torch.no_grad():
+        for p in (attn.u_HC, attn.v_HC):
+            p.normal_()
+        attn.scale.fill_(0.7)
+    h_BTD, mem_BMD = torch.randn(2, T, Dm), torch.randn(2, M, Dm)
+    got = attn(h_BTD, mem_BMD)
+    Wq, Wk, Wv = attn.qkv.weight.view(3, H, C, Dm)
+    want = torch.zeros(2, T, H, C)
+    for b in range(2):
+        cat_LD = torch.cat([mem_BMD[b], h_BTD[b]])
+        for i in range(T):
+            for hd in range(H):
+                q = Wq[hd] @ h_BTD[b, i]
+                js = range(M + i + 1)  # memory and the causal past
+                R = attn.pos(sinusoid_encoding(torch.tensor([M + i - j for j in js]), Dm))
+                s = torch.stack([(q + attn.u_HC[hd]) @ (Wk[hd] @ cat_LD[j])
+                                 + (q + attn.v_HC[hd]) @ R[n].view(H, C)[hd]
+                                 for n, j in enumerate(js)])
+                p = torch.softmax(attn.scale * s, 0)
+                want[b, i, hd] = sum(p[n] * (Wv[hd] @ cat_LD[j]) for n, j in enumerate(js))
+    torch.testing.assert_close(got, attn.out(want.reshape(2, T, H * C)), rtol=1e-5, atol=1e-6)
