@@ -89,7 +89,9 @@ def logged(run_dir: Path) -> list[dict]:
 
 def same_results(run_dir: Path, reference: dict) -> None:
     got = json.loads((run_dir / "results.json").read_text())
-    assert got["valid"] == reference["valid"] and got["test"] == reference["test"]
+    # equal up to MKL's last-bit reduction noise (it reaches the weights through clipping)
+    for split in ("valid", "test"):
+        assert got[split] == pytest.approx(reference[split], rel=1e-6)
     assert got["steps"] == 10 and not list(run_dir.glob(".*.tmp"))
     # the steps redone after the checkpoint are logged once, with the same numbers (up to
     # the last bits of MKL's threaded reductions, e.g. of the gradient norm)
@@ -107,9 +109,9 @@ def test_kill9_at_random_step_then_rerun_matches(tmp_path, reference):
     proc.wait()
     assert proc.returncode == -signal.SIGKILL
     rc, out, err = cli(tmp_path / "run")
-    assert rc == 0, err
-    assert "resumed from step" in out + err
-    same_results(tmp_path / "run", reference)  # bitwise: the same numbers
+    assert rc == 0, f"killed after step {step}: {err}"
+    assert "resumed from step" in out + err, f"killed after step {step}"
+    same_results(tmp_path / "run", reference)
 
 
 def test_kill9_during_checkpoint_write_then_rerun_matches(tmp_path, reference):

@@ -103,3 +103,38 @@ def test_wandb_offline_logs_into_the_run_dir(tmp_path, monkeypatch):
     run_id = (tmp_path / "wandb_id.txt").read_text()
     (offline,) = (tmp_path / "wandb").glob(f"offline-run-*-{run_id}")
     assert list(offline.glob("*.wandb"))  # the offline run's data, syncable later
+
+
+def test_lr_schedule_warmup_then_cosine_to_zero():
+    from framework.optim import lr_factor
+
+    assert [lr_factor(s, 10, 4, "cosine") for s in range(4)] == [0.25, 0.5, 0.75, 1.0]
+    assert lr_factor(4, 10, 4, "cosine") == 1.0  # cosine starts after the warmup
+    assert lr_factor(7, 10, 4, "cosine") == pytest.approx(0.5)  # half way
+    assert lr_factor(10, 10, 4, "cosine") == pytest.approx(0.0, abs=1e-12)
+    assert lr_factor(9, 10, 0, "constant") == 1.0
+
+
+def test_logged_lr_follows_the_schedule_and_gradients_are_clipped(tmp_path, monkeypatch):
+    from framework.optim import lr_factor
+
+    seen = []
+    real_step = torch.optim.AdamW.step
+
+    def step(self, *a, **k):  # the gradient norm the optimizer actually gets
+        grads = [p.grad for g in self.param_groups for p in g["params"] if p.grad is not None]
+        seen.append(float(torch.linalg.vector_norm(torch.stack(
+            [torch.linalg.vector_norm(x) for x in grads]))))
+        return real_step(self, *a, **k)
+
+    monkeypatch.setattr(torch.optim.AdamW, "step", step)
+    cfg = compose_cfg([*TINY, *TINY_MOE, "trainer.steps=6", "trainer.warmup_steps=2",
+                       "trainer.lr=0.01", "trainer.grad_clip=0.001", "trainer.log_every=1",
+                       "trainer.val_every=1000", "task.final_segments=1"])
+    RUN(cfg, tmp_path)
+    rows = [r for r in map(json.loads, (tmp_path / "metrics.jsonl").read_text().splitlines())
+            if "train/lr" in r]
+    assert [r["train/lr"] for r in rows] == pytest.approx(
+        [0.01 * lr_factor(s, 6, 2, "cosine") for s in range(6)])
+    assert all(r["train/grad_norm"] > 0.001 for r in rows)  # logged before clipping
+    assert len(seen) == 6 and max(seen) <= 0.001 * (1 + 1e-4)
