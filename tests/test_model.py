@@ -120,3 +120,28 @@ def test_relative_attention_matches_a_per_query_loop():
                 p = torch.softmax(attn.scale * s, 0)
                 want[b, i, hd] = sum(p[n] * (Wv[hd] @ cat_LD[j]) for n, j in enumerate(js))
     torch.testing.assert_close(got, attn.out(want.reshape(2, T, H * C)), rtol=1e-5, atol=1e-6)
+
+
+def test_evaluation_is_the_token_weighted_loss_of_one_pass_over_each_stream():
+    """LMTask.evaluate: segments with carried memory (covering the whole stream), a shorter
+    last segment, and the mean over tokens, not over batches, equal one pass per stream."""
+    import numpy as np
+    import torch.nn.functional as F
+
+    from framework.data.base import TokenData
+    from tasks.lm import LMTask, LMTaskConfig
+
+    torch.manual_seed(5)
+    model = make("sigma_moe", mem_len=8)
+    model.cfg = model.cfg.__class__(**{**model.cfg.__dict__, "eval_mem_len": 64})
+    tokens = np.random.default_rng(0).integers(0, V, 2 * 35)  # 2 streams: 34 targets each
+    data = TokenData("toy", {"train": tokens, "valid": tokens}, V, "ppl")
+    task = LMTask(LMTaskConfig(batch_size=2, context=8), data, model, torch.device("cpu"))
+    got = task.evaluate("valid", batch_size=2, mem_segments=8)
+    streams = torch.from_numpy(tokens).view(2, 35)
+    model.eval()
+    with torch.no_grad():
+        logits, _ = model(streams[:, :-1])
+        want = F.cross_entropy(logits.flatten(0, 1), streams[:, 1:].flatten())
+    assert got["tokens"] == 68 and got["loss"] == pytest.approx(want.item(), rel=1e-5)
+    assert got["ppl"] == pytest.approx(math.exp(want.item()), rel=1e-5)
