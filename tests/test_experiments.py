@@ -123,6 +123,19 @@ def paper_pct(x: float) -> float:
     return 100 * x
 
 
+def params_by_formula(m) -> int:
+    """The model's parameter count written out (REFERENCE.md "Model"), independent of the
+    modules: embedding, per layer attention (Q, K, V, positions, output; u, v; the scale)
+    + 2 LayerNorms + the FFN block, the final LayerNorm and the output layer with bias."""
+    D, inner, f = m.d_model, m.n_heads * m.head_dim, m.ffn
+    ffn = {"dense": lambda: 2 * D * f.d_ff + f.d_ff + D,
+           "topk": lambda: 2 * D * f.d_ff + f.d_ff + D,
+           "pkm": lambda: f.heads * f.n_subkeys * D + f.n_values * D,
+           }.get(m.ffn_kind, lambda: f.n_experts * (2 * D * f.expert_size + D))()
+    layer = 5 * inner * D + 2 * inner + 1 + 4 * D + ffn
+    return m.vocab_size * D + m.n_layers * layer + 2 * D + D * m.vocab_size + m.vocab_size
+
+
 @pytest.mark.parametrize("name", EXPS)
 def test_experiment_composes_builds_and_is_well_formed(name):
     raw = OmegaConf.to_container(OmegaConf.load(EXP_DIR / f"{name}.yaml"))
@@ -131,6 +144,7 @@ def test_experiment_composes_builds_and_is_well_formed(name):
         f"{name}: an exp that sets ffn.* must also override /ffn (and /dataset, /model)")
     cfg, model_cfg, count = load(name)
     assert cfg["name"] == name
+    assert count == params_by_formula(model_cfg)  # exact: the 1% checks below cannot see W3
     paper = cfg["paper"]
     assert set(paper) == {"params_m", "entries"}
     for e in paper["entries"]:

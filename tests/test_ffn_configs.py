@@ -65,3 +65,16 @@ def test_unknown_key_is_refused_with_a_hint():
     hint = r"unknown config key 'ffn.sinkhorn_iter'.*did you mean 'sinkhorn_iters'"
     with pytest.raises(ConfigError, match=hint):
         build("sbase", WT_S, sinkhorn_iter=2)
+
+
+def test_parameter_counts_are_exactly_the_papers_formulas():
+    """Per FFN block, exact (a 1% tolerance cannot see the selector W3: 0.2-0.4% of a model):
+    dense/top-k 2 D d_ff + d_ff + D (biases); MoEs N_E (2 D G + D) (experts and W3, no
+    biases); PKM 4 heads x n sub-keys x D (two halves of D/2) + n^2 D values."""
+    D, E, G, F, n = 412, 16, 128, 2053, 62
+    count = {name: n_params(build(name, WT_S)) for name in FFNS.names()}
+    assert count["dense"] == count["topk"] == 2 * D * F + F + D
+    for moe in ("sigma_moe", "sbase"):
+        assert count[moe] == E * (2 * D * G + D)
+    assert count["switch"] == 4 * (2 * D * 512 + D)  # N_E 4, G 512: parameter-matched K=1
+    assert count["pkm"] == 4 * n * D + n * n * D
