@@ -188,6 +188,7 @@ def test_sbase_evaluation_is_plain_topk_and_deterministic():
 
 
 def test_sbase_expert_dropout_gives_dropped_experts_zero_weight():
+    torch.manual_seed(0)
     moe = make_sbase(n_experts=4, k=3, expert_dropout=0.5).train()
     logits_TE = torch.randn(50, 4)  # one sequence of 50 tokens
     torch.manual_seed(7)
