@@ -90,6 +90,19 @@ def test_switch_capacity_drops_overflow_in_token_order():
     assert moe.select(HAND_LOGITS)[1].flatten().tolist() == pytest.approx([0.75] * 4)
 
 
+def test_switch_k2_balancing_loss_and_capacity_hand_built():
+    """K=2: f counts both slots (sum_e f = K); the capacity queue is by token, then slot."""
+    logits = torch.log(torch.tensor([[3.0, 2.0, 1.0], [1.0, 2.0, 3.0]]))  # p = logits / 6
+    moe = SwitchMoE(SwitchConfig(**{**BASE, "n_experts": 3, "k": 2}, balance_coef=0.5,
+                                 capacity_factor=0.75)).train()  # capacity ceil(0.75*4/3) = 1
+    expert_TK, gate_TK = moe.select(logits)
+    assert expert_TK.tolist() == [[0, 1], [2, 1]]
+    # f = (1/2, 2/2, 1/2), P = (1/3, 1/3, 1/3): N_E f.P = 3 * 2/3 = 2
+    assert moe.pop_loss().item() == pytest.approx(0.5 * 2.0, rel=1e-6)
+    # expert 1's queue: token 0 (slot 1) first, token 1's slot 1 overflows
+    assert gate_TK.flatten().tolist() == pytest.approx([1 / 2, 1 / 3, 1 / 2, 0.0])
+
+
 def test_switch_init_standard_deviations():
     torch.manual_seed(0)
     cfg = SwitchConfig(d_model=96, n_layers=8, n_experts=4, expert_size=192, k=1)
