@@ -71,14 +71,18 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+def checkpoint_path(run_dir: Path, step: int) -> Path:
+    return run_dir / f"checkpoint_{step:08d}.pt"
+
+
 def save_checkpoint(run_dir: Path, step: int, state: dict[str, Any], keep: int = 2) -> Path:
     """Write checkpoint_<step>.pt atomically, then its checksum; prune to `keep` newest."""
-    path = run_dir / f"checkpoint_{step:08d}.pt"
+    path = checkpoint_path(run_dir, step)
     with _atomic_open(path) as f:
         torch.save(state, f)
     atomic_write_bytes(path.with_suffix(".pt.sha256"), _sha256(path).encode())
     others = [p for p in list_checkpoints(run_dir) if p != path]  # never the new one
-    for old in others[:len(others) - (keep - 1)] if keep > 0 else []:
+    for old in others[:max(0, len(others) - (keep - 1))] if keep > 0 else []:
         old.unlink(missing_ok=True)
         old.with_suffix(".pt.sha256").unlink(missing_ok=True)
     return path

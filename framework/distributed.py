@@ -108,8 +108,3 @@ def mean_over_ranks(values: dict[str, float]) -> dict[str, float]:
     t = torch.tensor([values[k] for k in keys], dtype=torch.float64, device=device)
     dist.all_reduce(t)
     return {k: float(v) / _world_size() for k, v in zip(keys, t.tolist())}
-
-
-def barrier() -> None:
-    if dist.is_available() and dist.is_initialized():
-        dist.barrier()

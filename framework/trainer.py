@@ -26,13 +26,18 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from framework.checkpoint import CheckpointError, load_latest, save_checkpoint
+from framework.checkpoint import (
+    CheckpointError,
+    checkpoint_path,
+    load_checkpoint,
+    load_latest,
+    save_checkpoint,
+)
 from framework.config import ConfigError
 from framework.distributed import (
     SINGLE_PROCESS,
     DistInfo,
     all_gather_object,
-    barrier,
     broadcast_from_main,
     mean_over_ranks,
 )
@@ -174,15 +179,15 @@ class Trainer:
             raise CheckpointError(error)
 
     def resume(self) -> bool:
-        # rank 0 first: it moves broken checkpoints aside, which the others must not read
+        # rank 0 picks the checkpoint (and moves broken ones aside); the others load that one
         state = None
         if self.is_main:
             state = load_latest(self.run_dir, warn=lambda m: tqdm.write(m), repair=True)
-        barrier()
-        if not self.is_main:
-            state = load_latest(self.run_dir, warn=lambda m: None)
-        if state is None:
+        step = broadcast_from_main(None if state is None else int(state["step"]))
+        if step is None:
             return False
+        if state is None:
+            state = load_checkpoint(checkpoint_path(self.run_dir, step))
         if self.config_hash and state.get("config_hash") not in (None, self.config_hash):
             raise ConfigError(
                 f"{self.run_dir} holds checkpoints of another config (hash "

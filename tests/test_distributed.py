@@ -126,3 +126,20 @@ def test_ranks_agree_on_the_run_dir(tmp_path, same_config):
     else:
         assert len(answers) == 1 and answers.pop().startswith(
             "ConfigError: " + f"{run_dir} holds a finished run with another config")
+
+
+def test_ranks_resume_from_the_checkpoint_rank_0_picked(tmp_path):
+    """Rank 0 chooses the checkpoint (moving a broken newest one aside), the others load
+    that same file: here the newest is truncated, so both must resume from step 2."""
+    cfg = compose_cfg([*COMMON, "trainer.keep_checkpoints=3"])
+    run = tmp_path / "ddp"
+    mp.start_processes(_worker, args=(2, free_port(), cfg, str(run)), nprocs=2,
+                       start_method="spawn")
+    (run / "results.json").unlink()
+    newest = run / "checkpoint_00000004.pt"
+    newest.write_bytes(newest.read_bytes()[:100])
+    mp.start_processes(_worker, args=(2, free_port(), cfg, str(run)), nprocs=2,
+                       start_method="spawn")
+    assert (run / "checkpoint_00000004.pt.bad").exists() and (run / "results.json").exists()
+    assert [r["step"] for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())
+            if "train/loss" in r] == [1, 2, 3, 4]  # steps 3 and 4 redone, logged once

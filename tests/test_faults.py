@@ -158,6 +158,14 @@ def test_corrupt_checkpoint_falls_back_to_previous(tmp_path, capsys):
                      "the previous one"]
 
 
+@pytest.mark.parametrize("keep", [1, 2, 4, 5])
+def test_pruning_keeps_the_newest(tmp_path, keep):
+    for step in range(1, 9):
+        save_checkpoint(tmp_path, step, {"step": step}, keep=keep)
+        kept = [int(p.stem.split("_")[1]) for p in list_checkpoints(tmp_path)]
+        assert kept == list(range(max(1, step - keep + 1), step + 1))
+
+
 def test_a_broken_newer_checkpoint_is_moved_aside_not_counted_when_pruning(tmp_path):
     """Killed between the rename and the checksum: the newest file has no sidecar. Resuming
     moves it aside; left in place it was the "newest" when pruning and, with keep=1, the
