@@ -13,7 +13,7 @@ from omegaconf import OmegaConf
 
 from framework.checkpoint import list_checkpoints
 from framework.config import ConfigError
-from framework.experiment import config_hash, fresh_dir, read_results
+from framework.experiment import fresh_dir, read_results, run_hashes
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 DEFAULT_EXP = "mini_moe"
@@ -144,7 +144,7 @@ def _choose_run_dir(cfg: dict[str, Any], run_dir: Path) -> Path | None:
         new.mkdir(parents=True)
         return new
     if done is not None:
-        if done.get("config_hash") == config_hash(cfg):
+        if done.get("config_hash") in run_hashes(cfg):
             metric = done.get("metric", "loss")
             print(f"this run already finished: valid {metric} "
                   f"{done['valid'][metric]:.4f}, test {metric} {done['test'][metric]:.4f}; "

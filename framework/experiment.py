@@ -22,13 +22,21 @@ from framework.config import ConfigError
 # trainer.nan_policy=skip resumes it from its last good checkpoint).
 VOLATILE = ("logger", "mode", "fresh", "paper", "sweep_name")
 VOLATILE_TRAINER = ("progress", "log_every", "device", "nan_policy")
+# earlier VOLATILE_TRAINER sets: runs started before a key joined keep their old hash
+EARLIER_VOLATILE_TRAINER = (("progress", "log_every", "device"),)
 
 
-def config_hash(cfg: dict[str, Any]) -> str:
+def config_hash(cfg: dict[str, Any], volatile_trainer: tuple[str, ...] = VOLATILE_TRAINER
+                ) -> str:
     ident = {k: v for k, v in cfg.items() if k not in VOLATILE}
     ident["trainer"] = {k: v for k, v in cfg.get("trainer", {}).items()
-                        if k not in VOLATILE_TRAINER}
+                        if k not in volatile_trainer}
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def run_hashes(cfg: dict[str, Any]) -> tuple[str, ...]:
+    """The hashes a run of `cfg` may carry: today's first, then those of earlier versions."""
+    return (config_hash(cfg), *(config_hash(cfg, v) for v in EARLIER_VOLATILE_TRAINER))
 
 
 def check_writable(run_dir: Path, min_free_mb: int = 100) -> None:

@@ -132,9 +132,11 @@ def nonfinite_report(model: torch.nn.Module) -> str:
 
 class Trainer:
     def __init__(self, cfg: TrainerConfig, task, run_dir: Path, logger, device: torch.device,
-                 dist_info: DistInfo = SINGLE_PROCESS, config_hash: str = ""):
+                 dist_info: DistInfo = SINGLE_PROCESS, config_hashes: tuple[str, ...] = ()):
         self.cfg, self.task, self.run_dir, self.logger = cfg, task, run_dir, logger
-        self.device, self.dist, self.config_hash = device, dist_info, config_hash
+        # the first is written into checkpoints; any of them is this run's (earlier versions)
+        self.device, self.dist, self.config_hashes = device, dist_info, config_hashes
+        self.config_hash = config_hashes[0] if config_hashes else ""
         self.is_main = dist_info.is_main
         self.model = task.model
         self._signal: int | None = None
@@ -188,7 +190,7 @@ class Trainer:
             return False
         if state is None:
             state = load_checkpoint(checkpoint_path(self.run_dir, step))
-        if self.config_hash and state.get("config_hash") not in (None, self.config_hash):
+        if self.config_hash and state.get("config_hash") not in (None, *self.config_hashes):
             raise ConfigError(
                 f"{self.run_dir} holds checkpoints of another config (hash "
                 f"{state['config_hash']} != {self.config_hash}); pass fresh=true to start a new "

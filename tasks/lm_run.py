@@ -21,7 +21,7 @@ from framework.checkpoint import atomic_write_bytes, list_checkpoints, load_late
 from framework.config import ConfigError, from_dict
 from framework.data import DATASETS
 from framework.distributed import init_distributed
-from framework.experiment import check_writable, config_hash, write_results
+from framework.experiment import check_writable, run_hashes, write_results
 from framework.loggers import LoggerConfig, RunLogger
 from framework.trainer import Trainer, TrainerConfig, resolve_device, seed_everything
 from models.ffn.experts import ExpertsConfig
@@ -89,7 +89,8 @@ def run(cfg: dict[str, Any], run_dir: Path) -> dict[str, Any] | None:
             model, device_ids=[device.index] if device.type == "cuda" else None)
     task = LMTask(task_cfg, data, model, device, dist_info.rank, dist_info.world_size,
                   train_model)
-    chash = config_hash(cfg)
+    hashes = run_hashes(cfg)
+    chash = hashes[0]
     logger = RunLogger(logger_cfg, run_dir, cfg, cfg.get("name", "run"), dist_info.is_main)
     count = n_params(model)
     if dist_info.is_main:
@@ -97,7 +98,7 @@ def run(cfg: dict[str, Any], run_dir: Path) -> dict[str, Any] | None:
                    f"ffn={model_cfg.ffn_kind} | seed={trainer_cfg.seed} | device={device} | "
                    f"ranks={dist_info.world_size}")
     try:
-        trainer = Trainer(trainer_cfg, task, run_dir, logger, device, dist_info, chash)
+        trainer = Trainer(trainer_cfg, task, run_dir, logger, device, dist_info, hashes)
         start = time.perf_counter()
         if mode == "train":
             trainer.fit()

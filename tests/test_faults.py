@@ -328,6 +328,25 @@ def test_same_seed_same_losses(tmp_path):
     assert strip(a) == strip(b)
 
 
+def test_runs_hashed_by_an_earlier_version_are_still_this_run(tmp_path):
+    """nan_policy left the run identity later: runs started before keep their old hash and
+    must still resume, and count as finished."""
+    from framework.cli import choose_run_dir
+    from framework.experiment import EARLIER_VOLATILE_TRAINER, config_hash
+
+    cfg = compose_cfg([*OVERRIDES, "trainer.steps=2"])
+    RUN(cfg, tmp_path)
+    old = config_hash(cfg, EARLIER_VOLATILE_TRAINER[0])
+    assert old != config_hash(cfg)
+    (tmp_path / "results.json").unlink()
+    state = load_checkpoint(list_checkpoints(tmp_path)[-1])
+    save_checkpoint(tmp_path, 2, {**state, "config_hash": old})
+    assert RUN(cfg, tmp_path)["steps"] == 2  # resumed (another config would be refused)
+    res = json.loads((tmp_path / "results.json").read_text())
+    (tmp_path / "results.json").write_text(json.dumps({**res, "config_hash": old}))
+    assert choose_run_dir(cfg, tmp_path) is None  # finished
+
+
 def test_checkpoints_of_another_config_are_not_resumed(tmp_path):
     RUN(compose_cfg([*OVERRIDES, "trainer.steps=2"]), tmp_path)
     (tmp_path / "results.json").unlink()  # as if interrupted after its last checkpoint
