@@ -66,7 +66,11 @@ def prepare_argv(argv: list[str]) -> None:
     if not exps and not sweep and not any(
             a in ("--help", "-h", "--hydra-help") for a in argv[1:]):
         argv.append(f"+exp={DEFAULT_EXP}")
-    if not multirun and not sweep and not inspect:
+    # Hydra options that change where configs come from or what runs: leave those to Hydra
+    own_config = any(a.startswith(("--config", "-cp", "-cn", "-cd", "-sc", "--shell",
+                                   "--experimental")) or "hydra.searchpath" in a
+                     for a in argv[1:])
+    if not multirun and not sweep and not inspect and not own_config:
         try:
             check_overrides([a for a in argv[1:] if not a.startswith("-")])
         except ConfigError as e:
@@ -95,11 +99,15 @@ def check_overrides(overrides: list[str]) -> None:
             raise ConfigError(first) from None
         key = bad[1]
         group, _, leaf = key.rpartition(".")
-        with initialize_config_dir(str(CONFIGS), version_base=None):
-            cfg = compose("config", overrides=[o for o in ours
-                                               if not o.startswith(f"{key}=")])
-        node = OmegaConf.select(cfg, group) if group else cfg
-        known = [str(k) for k in node.keys()] if OmegaConf.is_dict(node) else []
+        known: list[str] = []
+        try:  # the keys next to it, for a suggestion (a second bad key: no suggestion)
+            with initialize_config_dir(str(CONFIGS), version_base=None):
+                cfg = compose("config", overrides=[o for o in ours
+                                                   if not o.startswith(f"{key}=")])
+            node = OmegaConf.select(cfg, group) if group else cfg
+            known = [str(k) for k in node.keys()] if OmegaConf.is_dict(node) else []
+        except HydraException:
+            pass
         close = difflib.get_close_matches(leaf, known, n=1, cutoff=0.6)
         hint = f" (did you mean '{group + '.' if group else ''}{close[0]}'?)" if close else ""
         raise ConfigError(f"unknown config key '{key}'{hint}") from None
@@ -128,8 +136,9 @@ def choose_run_dir(cfg: dict[str, Any], run_dir: Path) -> Path | None:
         try:
             chosen = _choose_run_dir(cfg, run_dir)
             decision = (None if chosen is None else str(chosen), None)
-        except (ConfigError, OSError) as e:  # every rank must stop, not wait for rank 0
-            decision = (None, str(e))
+        except Exception as e:  # every rank must stop, not wait for rank 0's answer
+            decision = (None, str(e) if isinstance(e, (ConfigError, OSError)) else
+                        f"choosing the run directory failed: {type(e).__name__}: {e}")
     chosen, error = broadcast_from_main(decision)
     if error is not None:
         raise ConfigError(error)

@@ -92,3 +92,14 @@ def test_keys_outside_the_run_identity_are_outside_the_run_directory_name():
     excluded = set(cfg.hydra.job.config.override_dirname.exclude_keys)
     assert {f"trainer.{k}" for k in VOLATILE_TRAINER} <= excluded
     assert {"logger", "mode", "fresh", "sweep_name"} <= excluded & set(VOLATILE)
+
+
+def test_override_check_two_bad_keys_and_options_left_to_hydra(capsys):
+    from framework.cli import prepare_argv
+
+    with pytest.raises(SystemExit):  # one line, no traceback, for two mistyped keys
+        prepare_argv(["run.py", "ffn.n_expert=3", "ffn.kk=2"])
+    assert capsys.readouterr().err.strip() == "error: unknown config key 'ffn.n_expert'"
+    for extra in (["--config-name", "config"], ["-sc", "install=bash"],
+                  ["hydra.searchpath=[file:///elsewhere]"]):
+        prepare_argv(["run.py", *extra, "mode=params"])  # where configs come from: Hydra's
