@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from scripts.paper_tables import by_experiment, find_runs, fmt_metric, ours_text  # noqa: E402
+from scripts.run_results import by_experiment, find_runs, fmt_metric, ours_text  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 T_MIN = 2.0  # |t| needed for "beats"

@@ -7,8 +7,9 @@ ablation_existing / ablation_detailed, new_results, flops_detailed).
 
 What each table holds comes from the experiment files alone: every `configs/exp/*.yaml`
 carries `paper: {params_m, entries: [{table, row, column, value}]}`. A run directory
-(anything under `--runs` holding a results.json) belongs to the experiment whose `name`
-it records; its seed is results["seed"]. Several seeds of one experiment are averaged:
+(anything under `--runs` holding a results.json; scripts/run_results.py finds them) belongs
+to the experiment whose `name` it records; its seed is results["seed"]. Several seeds of
+one experiment are averaged:
 mean ± sample std (n - 1). Runs with overrides other than `trainer.seed` (read from the
 Hydra directory name `<name>/<overrides>`) are a different configuration and are left out
 (listed under the table) unless `--all-overrides`.
@@ -22,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import re
 import statistics
 import sys
@@ -34,9 +34,17 @@ from omegaconf import OmegaConf
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from scripts.flops_table import config_relative_flops, format_percent  # noqa: E402
+from scripts.run_results import (  # noqa: E402
+    Run,
+    Skipped,
+    by_experiment,
+    find_runs,
+    fmt_metric,
+    ours_text,
+    wandb_runs,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
-SEED_KEYS = {"trainer.seed"}
 VALID_SPLIT_DATASETS = {"c4", "pes2o"}
 
 
@@ -147,113 +155,6 @@ def load_experiments(exp_dir: Path) -> dict[str, Experiment]:
     return exps
 
 
-# -- runs -------------------------------------------------------------------------------------
-@dataclass
-class Run:
-    name: str
-    seed: int | None
-    metric: str
-    valid: dict[str, float]
-    test: dict[str, float]
-    n_params: int | None
-    source: str
-    mtime: float = 0.0
-    results: dict[str, Any] = field(default_factory=dict)  # the results.json of a local run
-
-
-@dataclass(frozen=True)
-class Skipped:
-    """A results.json left out of the tables: unreadable (name None) or run with other
-    overrides than the experiment's own."""
-    path: Path
-    name: str | None = None
-    overrides: str = ""
-
-    def __str__(self) -> str:
-        if self.name is None:
-            return f"{self.path}: unreadable results.json"
-        return f"{self.path}: {self.name} with overrides {self.overrides}"
-
-
-def run_overrides(run_dir: Path, name: str) -> str | None:
-    """The overrides of `.../<name>/<overrides>` ('' for `.../<name>`), None if the
-    directory was chosen by hand. A `fresh=true` sibling (`-2`, `-3`) has the same ones."""
-    pat = re.compile(rf"^{re.escape(name)}(-\d+)?$")
-    if pat.match(run_dir.name):
-        return ""
-    if pat.match(run_dir.parent.name):
-        return re.sub(r"-\d+$", "", run_dir.name)
-    return None
-
-
-def other_overrides(overrides: str | None) -> list[str]:
-    items = re.split(r",(?=[\w.+~/@-]+=)", overrides) if overrides else []
-    return [it for it in items if it.split("=", 1)[0].lstrip("+~") not in SEED_KEYS]
-
-
-def find_runs(roots: list[Path], all_overrides: bool = False) -> tuple[list[Run], list[Skipped]]:
-    """Every finished run under `roots`; also the ones left out, with why."""
-    runs, skipped = [], []
-    for root in roots:
-        for path in sorted(root.rglob("results.json")) if root.is_dir() else []:
-            try:
-                res = json.loads(path.read_text())
-                metric = res["metric"]
-                valid, test = res["valid"], res["test"]
-            except (OSError, ValueError, KeyError, TypeError):
-                skipped.append(Skipped(path))
-                continue
-            name = str(res.get("name"))
-            extra = other_overrides(run_overrides(path.parent, name))
-            if extra and not all_overrides:
-                skipped.append(Skipped(path.parent, name, ",".join(extra)))
-                continue
-            runs.append(Run(name, res.get("seed"), metric, valid, test, res.get("n_params"),
-                            str(path.parent), path.stat().st_mtime, res))
-    return runs, skipped
-
-
-def wandb_runs(project: str, all_overrides: bool = False) -> tuple[list[Run], list[Skipped]]:
-    """Finished runs of a wandb project: config `name` / `trainer.seed` / `run_dir`, summary
-    `valid_<metric>` / `test_<metric>` (written by tasks/lm_run.py at the end of training).
-    Crashed or running ones are not finished; runs with other overrides (read from their
-    run directory's name, as local runs) are left out like local ones."""
-    import wandb
-
-    out, skipped = [], []
-    for r in wandb.Api().runs(project):
-        cfg, summary = dict(r.config), r.summary
-        if r.state != "finished" or not cfg.get("name"):
-            continue
-        name, source = str(cfg["name"]), f"wandb:{project}/{r.id}"
-        extra = other_overrides(run_overrides(Path(cfg["run_dir"]), name)
-                                if cfg.get("run_dir") else None)
-        if extra and not all_overrides:
-            skipped.append(Skipped(Path(source), name, ",".join(extra)))
-            continue
-        for metric in ("ppl", "bpc"):
-            valid, test = summary.get(f"valid_{metric}"), summary.get(f"test_{metric}")
-            if valid is not None and test is not None:
-                seed = (cfg.get("trainer") or {}).get("seed")
-                out.append(Run(name, seed, metric, {metric: float(valid)},
-                               {metric: float(test)}, summary.get("n_params"), source))
-                break
-    return out, skipped
-
-
-def by_experiment(runs: list[Run]) -> dict[str, list[Run]]:
-    """name -> one run per seed (the newest when a seed ran twice), local before wandb."""
-    best: dict[tuple[str, Any], Run] = {}
-    for run in runs:
-        key = (run.name, run.seed)
-        if key not in best or run.mtime > best[key].mtime:
-            best[key] = run
-    out: dict[str, list[Run]] = {}
-    for (name, _), run in sorted(best.items(), key=lambda kv: (kv[0][0], str(kv[0][1]))):
-        out.setdefault(name, []).append(run)
-    return out
-
-
 # -- tables -----------------------------------------------------------------------------------
 @dataclass
 class Cell:
@@ -275,13 +176,6 @@ class Table:
     header_rows: list[tuple[str, list[str]]] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)  # commands producing missing runs
     notes: list[str] = field(default_factory=list)
-
-
-def mean_std(values: list[float]) -> tuple[float, float | None]:
-    """Mean and sample standard deviation (n - 1); no std for a single seed."""
-    if not values:
-        raise ValueError("mean_std of no values")
-    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else None
 
 
 def ordered(labels: list[str], preferred: tuple[str, ...]) -> list[str]:
@@ -368,18 +262,6 @@ def build_flops_table(exps: dict[str, Experiment], include_selector: bool = Fals
 
 
 # -- rendering --------------------------------------------------------------------------------
-def fmt_metric(x: float, metric: str, sign: bool = False) -> str:
-    """bpc with 3 decimals, perplexity with 2 (as the paper)."""
-    return f"{x:{'+' if sign else ''}.{3 if metric == 'bpc' else 2}f}"
-
-
-def ours_text(values: list[float], metric: str, pm: str = " ± ") -> str:
-    """'mean ± std (n=k)' of the seeds of one cell (no std for one seed)."""
-    mean, std = mean_std(values)
-    text = fmt_metric(mean, metric) + ("" if std is None else pm + fmt_metric(std, metric))
-    return text + (f" (n={len(values)})" if len(values) > 1 else "")
-
-
 def cell_text(cell: Cell | str, latex: bool = False) -> str:
     if isinstance(cell, str):
         return latex_escape(cell) if latex else cell
