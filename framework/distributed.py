@@ -108,3 +108,26 @@ def mean_over_ranks(values: dict[str, float]) -> dict[str, float]:
     t = torch.tensor([values[k] for k in keys], dtype=torch.float64, device=device)
     dist.all_reduce(t)
     return {k: float(v) / _world_size() for k, v in zip(keys, t.tolist())}
+
+
+class _AllReduceSum(torch.autograd.Function):
+    """Sum over ranks whose gradient is the sum of the ranks' gradients (every rank's loss
+    uses every rank's x). torch.distributed.nn's all_reduce does this but is deprecated, and
+    its functional-collectives successor is differentiable only in recent torch."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
+        x = x.clone()
+        dist.all_reduce(x)
+        return x
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+        return _AllReduceSum.apply(grad)
+
+
+def global_mean(x: torch.Tensor) -> torch.Tensor:
+    """Mean of `x` over data-parallel workers, differentiable (REFERENCE: all-reduced reg.)."""
+    if _world_size() == 1:
+        return x
+    return _AllReduceSum.apply(x) / _world_size()

@@ -14,9 +14,10 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
+
+from framework.distributed import global_mean
 
 
 class RoutingStats:
@@ -93,29 +94,6 @@ class FFN(nn.Module):
     def pop_loss(self) -> torch.Tensor | None:
         loss, self._loss = self._loss, None
         return loss
-
-
-class _AllReduceSum(torch.autograd.Function):
-    """Sum over ranks whose gradient is the sum of the ranks' gradients (every rank's loss
-    uses every rank's x). torch.distributed.nn's all_reduce does this but is deprecated, and
-    its functional-collectives successor is differentiable only in recent torch."""
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
-        x = x.clone()
-        dist.all_reduce(x)
-        return x
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
-        return _AllReduceSum.apply(grad)
-
-
-def global_mean(x: torch.Tensor) -> torch.Tensor:
-    """Mean of `x` over data-parallel workers, differentiable (REFERENCE: all-reduced reg.)."""
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        return _AllReduceSum.apply(x) / dist.get_world_size()
-    return x
 
 
 def entropy_regularizer(logits_TE: torch.Tensor) -> torch.Tensor:

@@ -20,8 +20,8 @@ import torch
 import torch.nn.functional as F
 
 from framework.config import ConfigError
+from framework.distributed import global_mean
 from models.ffn import FFNS
-from models.ffn.base import global_mean
 from models.ffn.experts import ExpertsConfig, ExpertsFFN
 
 
