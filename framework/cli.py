@@ -67,9 +67,9 @@ def prepare_argv(argv: list[str]) -> None:
             a in ("--help", "-h", "--hydra-help") for a in argv[1:]):
         argv.append(f"+exp={DEFAULT_EXP}")
     # Hydra options that change where configs come from or what runs: leave those to Hydra
-    own_config = any(a.startswith(("--config", "-cp", "-cn", "-cd", "-sc", "--shell",
-                                   "--experimental")) or "hydra.searchpath" in a
-                     for a in argv[1:])
+    # (-cp/-cn/-cd are among `inspect`'s "-c" options)
+    own_config = any(a.startswith(("--config", "-sc", "--shell", "--experimental"))
+                     or "hydra.searchpath" in a for a in argv[1:])
     if not multirun and not sweep and not inspect and not own_config:
         try:
             check_overrides([a for a in argv[1:] if not a.startswith("-")])
