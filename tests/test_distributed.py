@@ -2,6 +2,7 @@
 import json
 import os
 import socket
+from pathlib import Path
 
 import pytest
 import torch.multiprocessing as mp
@@ -19,21 +20,23 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _worker(rank: int, world: int, port: int, cfg: dict, run_dir: str) -> None:
+def _as_rank(rank: int, world: int, port: int) -> None:
+    """torch's env:// variables of one of `world` local processes (as torchrun sets them)."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
+
+
+def _worker(rank: int, world: int, port: int, cfg: dict, run_dir: str) -> None:
+    _as_rank(rank, world, port)
     import torch
 
     torch.set_num_threads(1)
-    TASKS.get("lm")(cfg, __import__("pathlib").Path(run_dir))
+    TASKS.get("lm")(cfg, Path(run_dir))
     torch.distributed.destroy_process_group()
 
 
 def _choose_worker(rank: int, world: int, port: int, cfg: dict, run_dir: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                      WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
-    from pathlib import Path
-
+    _as_rank(rank, world, port)
     import torch
 
     from framework.cli import choose_run_dir
