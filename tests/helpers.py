@@ -3,6 +3,7 @@ model on the meta device, and tiny-model overrides."""
 from __future__ import annotations
 
 import functools
+import json
 from pathlib import Path
 from typing import Any
 
@@ -62,3 +63,8 @@ def jobs(cfg, *cli: str) -> list[dict[str, str]]:
     args = [f"{k}={v}" for k, v in cfg.hydra.sweeper.params.items()] + list(cli)
     batches = BasicSweeper.split_arguments(OverridesParser.create().parse_overrides(args), None)
     return [dict(o.split("=", 1) for o in job) for batch in batches for job in batch]
+
+
+def metrics(run_dir: Path) -> list[dict[str, Any]]:
+    """The rows of a run's metrics.jsonl."""
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]

@@ -1,5 +1,4 @@
 """Data parallelism: 2 gloo processes == 1 process with the combined batch (issue 6)."""
-import json
 import os
 import socket
 from pathlib import Path
@@ -8,7 +7,7 @@ import pytest
 import torch.multiprocessing as mp
 
 from tasks import TASKS
-from tests.helpers import TINY, TINY_MOE, compose_cfg
+from tests.helpers import TINY, TINY_MOE, compose_cfg, metrics
 
 COMMON = [*TINY, *TINY_MOE, "model.dropout=0.0", "trainer.steps=4", "trainer.log_every=1",
           "trainer.val_every=100", "trainer.ckpt_every=2", "task.final_segments=2"]
@@ -51,8 +50,7 @@ def _choose_worker(rank: int, world: int, port: int, cfg: dict, run_dir: str) ->
 
 
 def losses(run_dir):
-    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return [r["train/loss"] for r in rows if "train/loss" in r]
+    return [r["train/loss"] for r in metrics(run_dir) if "train/loss" in r]
 
 
 @pytest.mark.parametrize("extra", [
@@ -144,5 +142,5 @@ def test_ranks_resume_from_the_checkpoint_rank_0_picked(tmp_path):
     mp.start_processes(_worker, args=(2, free_port(), cfg, str(run)), nprocs=2,
                        start_method="spawn")
     assert (run / "checkpoint_00000004.pt.bad").exists() and (run / "results.json").exists()
-    assert [r["step"] for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())
-            if "train/loss" in r] == [1, 2, 3, 4]  # steps 3 and 4 redone, logged once
+    # steps 3 and 4 redone, logged once
+    assert [r["step"] for r in metrics(run) if "train/loss" in r] == [1, 2, 3, 4]

@@ -19,7 +19,7 @@ from framework.checkpoint import list_checkpoints, load_checkpoint, load_latest,
 from framework.config import ConfigError
 from framework.trainer import Trainer, TrainingDiverged
 from tasks import TASKS
-from tests.helpers import TINY, TINY_MOE, compose_cfg
+from tests.helpers import TINY, TINY_MOE, compose_cfg, metrics
 
 ROOT = Path(__file__).resolve().parent.parent
 RUN = TASKS.get("lm")
@@ -82,9 +82,8 @@ def reference(tmp_path_factory):
 
 def logged(run_dir: Path) -> list[dict]:
     """metrics.jsonl without wall-clock values."""
-    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     return [{k: v for k, v in r.items() if k not in ("time", "train/tokens_per_s")}
-            for r in rows]
+            for r in metrics(run_dir)]
 
 
 def same_results(run_dir: Path, reference: dict) -> None:
@@ -238,8 +237,7 @@ def test_nan_skip_policy_skips_the_step(tmp_path, monkeypatch):
 
     monkeypatch.setattr(LMTask, "train_losses", once_nan)
     RUN(compose_cfg([*OVERRIDES, "trainer.nan_policy=skip"]), tmp_path)
-    rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    skipped = [r["step"] for r in rows if r.get("train/skipped")]
+    skipped = [r["step"] for r in metrics(tmp_path) if r.get("train/skipped")]
     assert skipped == [3]
     assert all(torch.isfinite(v).all() for v in
                load_checkpoint(list_checkpoints(tmp_path)[-1])["model"].values())
@@ -266,8 +264,7 @@ def test_nan_skip_policy_forgets_the_memory_of_the_skipped_step(tmp_path, monkey
 
     monkeypatch.setattr(LMTask, "train_losses", nan_forward_once)
     RUN(compose_cfg([*OVERRIDES, "trainer.nan_policy=skip"]), tmp_path)
-    rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows if r.get("train/skipped")] == [3]
+    assert [r["step"] for r in metrics(tmp_path) if r.get("train/skipped")] == [3]
     state = load_checkpoint(list_checkpoints(tmp_path)[-1])
     assert all(torch.isfinite(m).all() for m in state["task"]["mems"])
     assert all(torch.isfinite(v).all() for v in state["model"].values())

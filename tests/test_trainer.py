@@ -9,14 +9,13 @@ from framework.checkpoint import list_checkpoints
 from framework.config import ConfigError
 from framework.trainer import Trainer
 from tasks import TASKS
-from tests.helpers import TINY, TINY_MOE, compose_cfg
+from tests.helpers import TINY, TINY_MOE, compose_cfg, metrics
 
 RUN = TASKS.get("lm")
 
 
 def losses(run_dir):
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return {r["step"]: r["train/loss"] for r in rows if "train/loss" in r}
+    return {r["step"]: r["train/loss"] for r in metrics(run_dir) if "train/loss" in r}
 
 
 def test_loss_decreases_on_enwik_mini(tmp_path):
@@ -132,8 +131,7 @@ def test_logged_lr_follows_the_schedule_and_gradients_are_clipped(tmp_path, monk
                        "trainer.lr=0.01", "trainer.grad_clip=0.001", "trainer.log_every=1",
                        "trainer.val_every=1000", "task.final_segments=1"])
     RUN(cfg, tmp_path)
-    rows = [r for r in map(json.loads, (tmp_path / "metrics.jsonl").read_text().splitlines())
-            if "train/lr" in r]
+    rows = [r for r in metrics(tmp_path) if "train/lr" in r]
     assert [r["train/lr"] for r in rows] == pytest.approx(
         [0.01 * lr_factor(s, 6, 2, "cosine") for s in range(6)])
     assert all(r["train/grad_norm"] > 0.001 for r in rows)  # logged before clipping
