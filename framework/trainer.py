@@ -116,6 +116,14 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+def to_host(values: dict[str, Any]) -> dict[str, float]:
+    """Python floats of scalar metrics: the device tensors in one transfer (float() on each
+    would wait for the GPU once per metric)."""
+    keys = [k for k, v in values.items() if torch.is_tensor(v)]
+    host = dict(zip(keys, torch.stack([values[k] for k in keys]).tolist())) if keys else {}
+    return {k: host[k] if k in host else float(v) for k, v in values.items()}
+
+
 def nonfinite_report(model: torch.nn.Module) -> str:
     """Which weights and gradients hold NaN/inf, for the divergence message."""
     params = [n for n, p in model.named_parameters() if not torch.isfinite(p).all()]
@@ -222,7 +230,7 @@ class Trainer:
                 v = v.double() if torch.is_tensor(v) else v
                 totals[k] = totals.get(k, 0.0) + v / cfg.grad_accum
         # every rank decides the same (skip/stop) below
-        totals = mean_over_ranks({k: float(v) for k, v in totals.items()})
+        totals = mean_over_ranks(to_host(totals))
         self.scaler.unscale_(self.optimizer)
         max_norm = cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))

@@ -104,6 +104,20 @@ def test_wandb_offline_logs_into_the_run_dir(tmp_path, monkeypatch):
     assert list(offline.glob("*.wandb"))  # the offline run's data, syncable later
 
 
+def test_step_metrics_reach_the_host_in_one_transfer(monkeypatch):
+    from framework.trainer import to_host
+
+    calls = []
+    real = torch.Tensor.tolist
+    monkeypatch.setattr(torch.Tensor, "tolist", lambda t: calls.append(t.shape) or real(t))
+    values = {"loss": torch.tensor(2.5, dtype=torch.float64), "reg": 0.0,
+              "ce": torch.tensor(2.25, dtype=torch.float64)}
+    host = to_host(values)
+    assert host == {"loss": 2.5, "reg": 0.0, "ce": 2.25} and list(host) == list(values)
+    assert all(type(v) is float for v in host.values()) and calls == [(2,)]
+    assert to_host({"reg": 1}) == {"reg": 1.0}
+
+
 def test_lr_schedule_warmup_then_cosine_to_zero():
     from framework.optim import lr_factor
 
