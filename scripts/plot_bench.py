@@ -30,14 +30,15 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-# bench_moe.py's sweeps -> (x key, the paper's figure)
+# bench_moe.py's sweeps -> (x key, the paper's figure, how d_ff, N_E and G follow from x)
 SWEEPS = {
-    "dmodel_g128": ("d_model", "Fig. benchmark_es128: G=128, d_ff=4 d_model, N_E=d_ff/G"),
-    "dmodel_ne32": ("d_model", "Fig. benchmark_32exp: N_E=32, d_ff=4 d_model, G=d_ff/N_E"),
-    "n_experts": ("n_experts", "Fig. benchmark: d_model=512, G=128, d_ff=G N_E"),
-    "expert_size": ("expert_size", "Fig. benchmark_es: d_model=512, N_E=32, d_ff=G N_E"),
-    "dmodel_f4096": ("d_model", "Fig. benchmark_dmodel: N_E=32, G=128, d_ff=4096"),
+    "dmodel_g128": ("d_model", "benchmark_es128", "d_ff=4 d_model, N_E=d_ff/G"),
+    "dmodel_ne32": ("d_model", "benchmark_32exp", "d_ff=4 d_model, G=d_ff/N_E"),
+    "n_experts": ("n_experts", "benchmark", "d_ff=G N_E"),
+    "expert_size": ("expert_size", "benchmark_es", "d_ff=G N_E"),
+    "dmodel_f4096": ("d_model", "benchmark_dmodel", ""),
 }
+SHAPE = {"d_model": "d_model", "n_experts": "N_E", "expert_size": "G", "d_ff": "d_ff"}
 AXIS = {"d_model": "$d_{model}$", "n_experts": "$N_E$", "expert_size": "$G$ (expert size)"}
 Series = dict[str, dict[str, tuple[list[float], list[float], list[float]]]]
 
@@ -54,7 +55,8 @@ def records_of(data: Any) -> tuple[dict[str, Any], list[dict[str, Any]]]:
                     on_cpu = r.get("peak_mb") is None
                     records.append({"sweep": sweep, "x": case[xkey], "variant": variant,
                                     "ms": r["ms"], "mem_kind": "saved" if on_cpu else "peak",
-                                    "peak_mb": r["saved_mb"] if on_cpu else r["peak_mb"]})
+                                    "peak_mb": r["saved_mb"] if on_cpu else r["peak_mb"],
+                                    "shape": {SHAPE[k]: case[k] for k in SHAPE}})
                 meta.update(tokens=case.get("tokens"), k=case.get("k"))
         return meta, records
     records = data if isinstance(data, list) else (data or {}).get("results")
@@ -78,8 +80,22 @@ def series(records: list[dict[str, Any]]) -> Series:
             for sweep, variants in out.items()}
 
 
-def plot(sweep: str, variants, meta: dict[str, Any], out: Path, mem: str = "peak") -> list[Path]:
-    xkey, caption = SWEEPS.get(sweep, (sweep, sweep))
+def caption(sweep: str, records: list[dict[str, Any]]) -> str:
+    """The paper's figure and the shape of this sweep's cases: the sizes that stay fixed
+    (as measured: the CPU sweeps are smaller than the paper's), then how the others follow."""
+    if sweep not in SWEEPS:
+        return sweep
+    _, figure, relation = SWEEPS[sweep]
+    shapes = [r["shape"] for r in records if r["sweep"] == sweep and "shape" in r]
+    fixed = [f"{k}={shapes[0][k]}" for k in SHAPE.values()
+             if shapes and all(s[k] == shapes[0][k] for s in shapes)]
+    return f"Fig. {figure}: " + ", ".join(filter(None, [*fixed, relation]))
+
+
+def plot(sweep: str, variants, meta: dict[str, Any], out: Path, mem: str = "peak",
+         title: str = "") -> list[Path]:
+    """One figure (PNG and PDF) of a sweep; `title`: its caption (`caption`)."""
+    xkey = SWEEPS.get(sweep, (sweep,))[0]
     fig, ax_t = plt.subplots(figsize=(5.5, 3.8))
     ax_m = ax_t.twinx()
     for i, (variant, (x, ms, mb)) in enumerate(variants.items()):
@@ -94,7 +110,7 @@ def plot(sweep: str, variants, meta: dict[str, Any], out: Path, mem: str = "peak
     ax_t.legend(fontsize=8, loc="best")
     info = ", ".join(f"{k}={v}" for k, v in meta.items()
                      if v is not None and isinstance(v, (str, int, float)))
-    ax_t.set_title("\n".join(filter(None, [caption, info])), fontsize=8)
+    ax_t.set_title("\n".join(filter(None, [title, info])), fontsize=8)
     fig.tight_layout()
     stem = "bench_" + re.sub(r"[^\w.=+-]", "_", sweep)
     paths = [out / f"{stem}.png", out / f"{stem}.pdf"]
@@ -115,7 +131,7 @@ def main(argv: list[str] | None = None) -> list[Path]:
     out = args.out or args.bench_json.parent
     out.mkdir(parents=True, exist_ok=True)
     paths = [p for sweep, variants in series(records).items()
-             for p in plot(sweep, variants, meta, out, mem[sweep])]
+             for p in plot(sweep, variants, meta, out, mem[sweep], caption(sweep, records))]
     print(f"wrote {len(paths)} files to {out}")
     return paths
 

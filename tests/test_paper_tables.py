@@ -268,6 +268,10 @@ def test_benchmark_figures(tmp_path):
     got = plot_bench.series(recs)
     assert got["dmodel_g128"]["torch"] == ([256, 512], [3.56, 6.12], [1024, 2048])
     assert got["n_experts"]["dense"][0] == [8, 16] and meta["device"] == "cpu"
+    # captions give the measured shapes (the CPU sweeps are not the paper's sizes)
+    assert plot_bench.caption("n_experts", recs) == "Fig. benchmark: d_model=512, G=128, d_ff=G N_E"
+    assert (plot_bench.caption("dmodel_g128", recs)
+            == "Fig. benchmark_es128: G=128, d_ff=4 d_model, N_E=d_ff/G")
     path.write_text(json.dumps(native))
     files = plot_bench.main([str(path)])
     assert sorted(p.name for p in files) == ["bench_dmodel_g128.pdf", "bench_dmodel_g128.png",
