@@ -26,10 +26,11 @@ from kernels.torch_path import cpu_chunks, moe_mlp_torch
 try:  # Triton is optional: without it (or without a GPU) everything but "triton*" works
     from kernels import triton_ops
     from kernels.triton_launch import INTERPRET as TRITON_INTERPRET
+    from kernels.triton_launch import interpreter_problem
 
     HAS_TRITON, _TRITON_ERROR = True, ""
 except ImportError as err:  # pragma: no cover - depends on the install
-    triton_ops, TRITON_INTERPRET = None, False
+    triton_ops, TRITON_INTERPRET, interpreter_problem = None, False, None
     HAS_TRITON, _TRITON_ERROR = False, str(err)
 
 BACKENDS = ("auto", "triton", "triton_unfused", "grouped_mm", "torch", "reference")
@@ -49,7 +50,7 @@ def backend_problem(backend: str, x_TD: torch.Tensor, w1_EDG: torch.Tensor,
             return f"dtype {x_TD.dtype} (needs float32, float16 or bfloat16)"
         if backend == "triton" and dropout:
             return "the fused kernels cannot apply hidden_dropout: use 'triton_unfused'"
-        return None
+        return interpreter_problem() if not x_TD.is_cuda else None
     if backend == "grouped_mm":
         return grouped_mm_problem(x_TD, w1_EDG)
     if backend in ("torch", "reference"):

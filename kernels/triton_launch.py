@@ -24,6 +24,30 @@ from kernels.triton_cvmm import (
 _INTERPRET_BLOCKS = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16}
 
 
+def _minor(version: str) -> tuple[int, int]:
+    major, minor = version.split(".")[:2]
+    return int(major), int(minor)
+
+
+def interpreter_problem(triton_version: str = triton.__version__,
+                        numpy_version: str | None = None) -> str | None:
+    """Why the Triton interpreter cannot run these kernels here (None: it can).
+
+    The interpreter passes scalar arguments as 1-element arrays; before Triton 3.7 a loop
+    bound over one (`range(0, KD, ...)`) calls int() on it, which numpy 2.4 refuses
+    ("only 0-dimensional arrays can be converted"). Measured: Triton 3.6.0 fails with numpy
+    2.4.6 and passes with 2.3.5; Triton 3.7.1 passes with both. Only CPU runs are affected.
+    """
+    if numpy_version is None:
+        import numpy
+
+        numpy_version = numpy.__version__
+    if _minor(triton_version) < (3, 7) and _minor(numpy_version) >= (2, 4):
+        return (f"the interpreter of Triton {triton_version} cannot run with numpy "
+                f"{numpy_version}: pip install 'numpy<2.4' (or triton>=3.7)")
+    return None
+
+
 def _cfg(bm, bn, bk, warps, stages):
     return triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk},
                          num_warps=warps, num_stages=stages)

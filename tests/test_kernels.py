@@ -149,6 +149,20 @@ def test_triton_backend_refused_on_cpu_without_interpreter(monkeypatch):
         kernels.resolve_backend("triton", torch.zeros(3, 8), torch.zeros(2, 8, 8))
 
 
+@pytest.mark.skipif(not kernels.HAS_TRITON, reason="needs Triton")
+def test_triton_interpreter_refused_where_it_cannot_run(monkeypatch):
+    from kernels.triton_launch import interpreter_problem
+
+    assert "numpy<2.4" in interpreter_problem("3.6.0", "2.4.6")
+    assert interpreter_problem("3.6.0", "2.3.5") is None
+    assert interpreter_problem("3.7.1", "2.4.6") is None
+    assert interpreter_problem("3.10.0+git1", "2.5.0rc1") is None
+    monkeypatch.setattr(kernels, "TRITON_INTERPRET", True)
+    monkeypatch.setattr(kernels, "interpreter_problem", lambda: "numpy too new")
+    with pytest.raises(ValueError, match="numpy too new"):
+        kernels.resolve_backend("triton", torch.zeros(3, 8), torch.zeros(2, 8, 8))
+
+
 def test_kernels_import_without_triton():
     code = (
         "import sys; sys.modules['triton'] = None\n"

@@ -13,10 +13,14 @@ from kernels.routing import make_routing
 from kernels.testing import assert_close, compare, random_case, reference_case, run_case
 
 CUDA = torch.cuda.is_available()
-pytestmark = pytest.mark.skipif(
-    not kernels.HAS_TRITON or not (CUDA or kernels.TRITON_INTERPRET),
-    reason="needs Triton and a GPU, or TRITON_INTERPRET=1 before kernels is imported",
-)
+# e.g. Triton 3.6 (torch 2.11's) with numpy 2.4: say so instead of 20 interpreter errors
+BROKEN_INTERPRETER = (kernels.HAS_TRITON and not CUDA and kernels.interpreter_problem()) or None
+pytestmark = [
+    pytest.mark.skipif(
+        not kernels.HAS_TRITON or not (CUDA or kernels.TRITON_INTERPRET),
+        reason="needs Triton and a GPU, or TRITON_INTERPRET=1 before kernels is imported"),
+    pytest.mark.skipif(BROKEN_INTERPRETER is not None, reason=str(BROKEN_INTERPRETER)),
+]
 DEVICE = "cuda" if CUDA else "cpu"
 
 
