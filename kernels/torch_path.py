@@ -25,7 +25,8 @@ ReLU and dropout, so the backward needs no separate mask.
 Registered as custom ops (`sigma_moe::torch_fwd` / `torch_bwd`) so `torch.compile` keeps
 the Python loop (and its `.tolist()`) out of the graph.
 """
-from __future__ import annotations
+# no `from __future__ import annotations`: torch < 2.5 infers the custom ops' schemas from
+# the annotation objects and rejects strings
 
 import itertools
 from concurrent.futures import ThreadPoolExecutor
@@ -119,7 +120,10 @@ def _prologue(x_TD, gate_TK, w1_EDG, w2_EGD, tok_R, order_R, off_S):
     operands (the custom ops compute their own gradients)."""
     C, bounds, n_max = _blocks(off_S, w1_EDG.shape[0], gate_TK.shape[1])
     gate_R = gate_TK.detach().reshape(-1)[order_R]
-    return (C, bounds, n_max, tok_R.long(), gate_R, x_TD.detach(), w1_EDG.detach(),
+    T, tok_R = x_TD.shape[0], tok_R.long()
+    # row of each token within its chunk's slice (_chunk_rows): t - ceil(chunk(t) * T / C)
+    local_R = tok_R + torch.div(-(tok_R * C // max(T, 1)) * T, C, rounding_mode="floor")
+    return (C, bounds, n_max, tok_R, local_R, gate_R, x_TD.detach(), w1_EDG.detach(),
             w2_EGD.detach())
 
 
@@ -132,7 +136,7 @@ def torch_fwd(
     T, D = x_TD.shape
     E, _, G = w1_EDG.shape
     K = gate_TK.shape[1]
-    C, bounds, n_max, tok_R, gate_R, x_TD, w1_EDG, w2_EGD = _prologue(
+    C, bounds, n_max, tok_R, local_R, gate_R, x_TD, w1_EDG, w2_EGD = _prologue(
         x_TD, gate_TK, w1_EDG, w2_EGD, tok_R, order_R, off_S)
     h_RG = x_TD.new_empty(T * K, G)
     y_TD = x_TD.new_empty(T, D)  # each chunk is zeroed by its worker (first touch, in parallel)
@@ -141,7 +145,9 @@ def torch_fwd(
     seeds = torch.randint(2**62, (C,)).tolist() if drop else []
 
     def work(c):
-        y_TD[_chunk_rows(T, C, c)].zero_()
+        # a worker adds into a view of its own chunk's rows only: index_add_ into a tensor
+        # other threads add into too gave wrong fp16 sums with torch 2.4 (measured)
+        y_cD = y_TD[_chunk_rows(T, C, c)].zero_()
         gen = torch.Generator(x_TD.device).manual_seed(seeds[c]) if drop else None
         # one workspace sliced per expert: fresh per-expert tensors get page-faulted anew
         x_nD, o_nD = x_TD.new_empty(n_max, D), x_TD.new_empty(n_max, D)
@@ -150,7 +156,7 @@ def torch_fwd(
             a, b = bounds[e * C + c], bounds[e * C + c + 1]
             if a == b:
                 continue
-            n, tok = b - a, tok_R[a:b]
+            n, tok, loc = b - a, tok_R[a:b], local_R[a:b]
             x = torch.index_select(x_TD, 0, tok, out=x_nD[:n])
             h = torch.mm(x, w1_EDG[e], out=h_RG[a:b]).relu_()
             if drop:  # inverted dropout, as F.dropout, with this chunk's generator
@@ -158,7 +164,7 @@ def torch_fwd(
             hg = torch.mul(h, gate_R[a:b, None], out=hg_nG[:n])
             # the tokens of one expert are distinct, experts come in a fixed order, and
             # chunk c's rows only reach chunk c's tokens: a deterministic sum
-            y_TD.index_add_(0, tok, torch.mm(hg, w2_EGD[e], out=o_nD[:n]))
+            y_cD.index_add_(0, loc, torch.mm(hg, w2_EGD[e], out=o_nD[:n]))
 
     _run(work, C)
     return y_TD, h_RG
@@ -179,7 +185,7 @@ def torch_bwd(
     T, D = x_TD.shape
     E, _, G = w1_EDG.shape
     K = gate_TK.shape[1]
-    C, bounds, n_max, tok_R, gate_R, x_TD, w1_EDG, w2_EGD = _prologue(
+    C, bounds, n_max, tok_R, local_R, gate_R, x_TD, w1_EDG, w2_EGD = _prologue(
         x_TD, gate_TK, w1_EDG, w2_EGD, tok_R, order_R, off_S)
     gx_TD = torch.empty_like(x_TD)
     # one per chunk, summed after in chunk order into chunk 0's (deterministic, and no
@@ -189,7 +195,7 @@ def torch_bwd(
     gg_R = gate_R.new_empty(T * K)
 
     def work(c):
-        gx_TD[_chunk_rows(T, C, c)].zero_()
+        gx_cD = gx_TD[_chunk_rows(T, C, c)].zero_()  # as in the forward: own rows only
         x_nD, gy_nD, gx_nD = (x_TD.new_empty(n_max, D) for _ in range(3))
         hg_nG, ghg_nG, gpre_nG = (h_RG.new_empty(n_max, G) for _ in range(3))
         for e in range(E):
@@ -198,7 +204,7 @@ def torch_bwd(
                 gw1_C[c][e].zero_()
                 gw2_C[c][e].zero_()
                 continue
-            n, tok = b - a, tok_R[a:b]
+            n, tok, loc = b - a, tok_R[a:b], local_R[a:b]
             x = torch.index_select(x_TD, 0, tok, out=x_nD[:n])
             gy = torch.index_select(gy_TD, 0, tok, out=gy_nD[:n])
             h, g = h_RG[a:b], gate_R[a:b, None]
@@ -209,7 +215,7 @@ def torch_bwd(
             gpre = _relu_grad(ghg.mul_(g * drop_scale if drop_scale != 1.0 else g), h,
                               gpre_nG[:n])
             torch.mm(x.T, gpre, out=gw1_C[c][e])
-            gx_TD.index_add_(0, tok, torch.mm(gpre, w1_EDG[e].T, out=gx_nD[:n]))
+            gx_cD.index_add_(0, loc, torch.mm(gpre, w1_EDG[e].T, out=gx_nD[:n]))
 
     _run(work, C)
     gg_TK = torch.empty_like(gg_R).index_copy_(0, order_R, gg_R).view(T, K)

@@ -18,6 +18,18 @@ import os
 import sys
 
 
+def aot_problem() -> str | None:
+    """Why this Triton cannot run compile_all (None: it can)."""
+    import triton
+
+    from kernels.triton_launch import minor_version
+
+    if minor_version(triton.__version__) < (3, 6):
+        return (f"kernels/triton_aot.py uses the compile API of Triton >= 3.6 (checked with "
+                f"3.6.0 and 3.7.1); this is Triton {triton.__version__}")
+    return None
+
+
 def variants(dt: str = "bf16"):
     """(kernel name, constexprs, unit-stride args, 16-divisible args, pointer types)."""
     base = {"DOT_F32": dt == "fp32", "PRECISION": "tf32",
@@ -81,5 +93,7 @@ def compile_all(dt: str = "bf16", capability: int = 90, warps: int = 8, stages: 
 if __name__ == "__main__":
     if os.environ.get("TRITON_INTERPRET", "0") == "1":
         sys.exit("unset TRITON_INTERPRET: the interpreter cannot compile")
+    if problem := aot_problem():
+        sys.exit(problem)
     for report in compile_all(*sys.argv[1:2]):
         print(json.dumps(report), flush=True)

@@ -24,7 +24,8 @@ from kernels.triton_cvmm import (
 _INTERPRET_BLOCKS = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16}
 
 
-def _minor(version: str) -> tuple[int, int]:
+def minor_version(version: str) -> tuple[int, int]:
+    """"3.6.0+git1" -> (3, 6)."""
     major, minor = version.split(".")[:2]
     return int(major), int(minor)
 
@@ -42,7 +43,7 @@ def interpreter_problem(triton_version: str = triton.__version__,
         import numpy
 
         numpy_version = numpy.__version__
-    if _minor(triton_version) < (3, 7) and _minor(numpy_version) >= (2, 4):
+    if minor_version(triton_version) < (3, 7) and minor_version(numpy_version) >= (2, 4):
         return (f"the interpreter of Triton {triton_version} cannot run with numpy "
                 f"{numpy_version}: pip install 'numpy<2.4' (or triton>=3.7)")
     return None

@@ -15,7 +15,8 @@ Fused sigma-MoE expert path (dropout cannot be fused: the dispatcher uses the un
 Each op has a fake impl (shapes only) and registered autograd, so `torch.compile` traces
 through them with fullgraph=True; the backward calls ops too, so AOTAutograd traces it.
 """
-from __future__ import annotations
+# no `from __future__ import annotations`: torch < 2.5 infers the custom ops' schemas from
+# the annotation objects and rejects strings
 
 import torch
 from torch import Tensor

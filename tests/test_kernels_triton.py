@@ -146,6 +146,8 @@ def test_weight_grad_is_deterministic(backend):
         assert torch.equal(a, b)
 
 
+@pytest.mark.skipif(not CUDA and not hasattr(torch, "_grouped_mm"),
+                    reason="torch._grouped_mm needs torch >= 2.8")
 def test_unfused_dropout_matches_grouped_mm_with_same_mask():
     """Both apply F.dropout to the same sorted R x G hidden tensor: same seed, same mask."""
     case = random_case(T=15, D=16, E=4, G=16, K=2, device=DEVICE)
@@ -196,9 +198,13 @@ def test_kernels_compile_for_hopper():
 
     import triton
 
+    from kernels.triton_aot import aot_problem
+
     backend = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
     if importlib.util.find_spec("triton.backends.nvidia") is None or not backend.exists():
         pytest.skip("this Triton has no NVIDIA backend / ptxas")
+    if problem := aot_problem():
+        pytest.skip(problem)
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     out = subprocess.run([sys.executable, "-m", "kernels.triton_aot"], env=env, text=True,
                          capture_output=True, cwd=Path(kernels.__file__).parents[1])
