@@ -116,8 +116,9 @@ def _relu_grad(grad: Tensor, h: Tensor, out: Tensor) -> Tensor:
 
 
 def _prologue(x_TD, gate_TK, w1_EDG, w2_EGD, tok_R, order_R, off_S):
-    """Shared by forward and backward: block layout, gates in sorted order, and detached
-    operands (the custom ops compute their own gradients)."""
+    """Shared by forward and backward: block layout, gates in sorted order, token rows
+    (global, and within their chunk) and detached operands (the custom ops compute their
+    own gradients)."""
     C, bounds, n_max = _blocks(off_S, w1_EDG.shape[0], gate_TK.shape[1])
     gate_R = gate_TK.detach().reshape(-1)[order_R]
     T, tok_R = x_TD.shape[0], tok_R.long()
