@@ -89,8 +89,6 @@ def run(cfg: dict[str, Any], run_dir: Path) -> dict[str, Any] | None:
             model, device_ids=[device.index] if device.type == "cuda" else None)
     task = LMTask(task_cfg, data, model, device, dist_info.rank, dist_info.world_size,
                   train_model)
-    hashes = run_hashes(cfg)
-    chash = hashes[0]
     logger = RunLogger(logger_cfg, run_dir, cfg, cfg.get("name", "run"), dist_info.is_main)
     count = n_params(model)
     if dist_info.is_main:
@@ -98,7 +96,8 @@ def run(cfg: dict[str, Any], run_dir: Path) -> dict[str, Any] | None:
                    f"ffn={model_cfg.ffn_kind} | seed={trainer_cfg.seed} | device={device} | "
                    f"ranks={dist_info.world_size}")
     try:
-        trainer = Trainer(trainer_cfg, task, run_dir, logger, device, dist_info, hashes)
+        trainer = Trainer(trainer_cfg, task, run_dir, logger, device, dist_info,
+                          run_hashes(cfg))
         start = time.perf_counter()
         if mode == "train":
             trainer.fit()
@@ -111,7 +110,7 @@ def run(cfg: dict[str, Any], run_dir: Path) -> dict[str, Any] | None:
         train_s = time.perf_counter() - start
         results: dict[str, Any] = {"name": cfg.get("name"), "metric": data.metric,
                                    "steps": trainer.step, "n_params": count,
-                                   "config_hash": chash, "seed": trainer_cfg.seed,
+                                   "config_hash": trainer.config_hash, "seed": trainer_cfg.seed,
                                    "train_seconds": round(train_s, 1),
                                    "peak_rss_mb": round(peak_rss_mb(), 1)}
         # Every rank evaluates the same streams (identical numbers); rank 0 writes them.

@@ -9,6 +9,7 @@ import torch
 
 import kernels
 from kernels import moe_mlp
+from kernels.grouped_mm import grouped_mm_problem
 from kernels.routing import make_routing
 from kernels.testing import assert_close, compare, random_case, reference_case, run_case
 
@@ -22,6 +23,7 @@ pytestmark = [
     pytest.mark.skipif(BROKEN_INTERPRETER is not None, reason=str(BROKEN_INTERPRETER)),
 ]
 DEVICE = "cuda" if CUDA else "cpu"
+NO_GROUPED_MM = grouped_mm_problem(torch.zeros(1, 8), torch.zeros(1, 8, 8))  # torch < 2.8
 
 
 def _leaves(case, names):
@@ -146,8 +148,7 @@ def test_weight_grad_is_deterministic(backend):
         assert torch.equal(a, b)
 
 
-@pytest.mark.skipif(not CUDA and not hasattr(torch, "_grouped_mm"),
-                    reason="torch._grouped_mm needs torch >= 2.8")
+@pytest.mark.skipif(not CUDA and NO_GROUPED_MM is not None, reason=str(NO_GROUPED_MM))
 def test_unfused_dropout_matches_grouped_mm_with_same_mask():
     """Both apply F.dropout to the same sorted R x G hidden tensor: same seed, same mask."""
     case = random_case(T=15, D=16, E=4, G=16, K=2, device=DEVICE)
