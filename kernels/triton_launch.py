@@ -8,8 +8,6 @@ Shapes: tok_R int32 [R], off_S int32 [E*K+1] (kernels/routing.py), W[e, k, n] an
 """
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 
@@ -32,7 +30,6 @@ def minor_version(version: str) -> tuple[int, int]:
     return int(major), int(minor)
 
 
-@functools.cache  # asked at every dispatch of a Triton backend on a CPU
 def interpreter_problem(triton_version: str = triton.__version__,
                         numpy_version: str | None = None) -> str | None:
     """Why the Triton interpreter cannot run these kernels here (None: it can).
