@@ -7,7 +7,8 @@ become constants, pointers and row strides are 16-byte aligned), and reports wha
 for speed: shared memory, whether the products use wgmma and whether the K loop is
 software-pipelined (cp.async).
 
-    python -m kernels.triton_aot            # JSON lines, one per kernel variant
+    python -m kernels.triton_aot            # JSON lines, one per kernel variant (bf16)
+    python -m kernels.triton_aot fp32 --all-configs   # every autotune config: does it fit?
 
 Must run without TRITON_INTERPRET (the interpreter replaces triton.language).
 """
@@ -30,10 +31,10 @@ def aot_problem() -> str | None:
     return None
 
 
-def variants(dt: str = "bf16"):
+def variants(dt: str = "bf16", blocks: dict | None = None):
     """(kernel name, constexprs, unit-stride args, 16-divisible args, pointer types)."""
     base = {"DOT_F32": dt == "fp32", "PRECISION": "tf32",
-            "BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64}
+            **(blocks or {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64})}
     g_ptr = {"a_ptr": dt, "w_ptr": dt, "c_ptr": dt, "tok_ptr": "i32", "off_ptr": "i32",
              "h_ptr": dt, "gate_ptr": dt, "order_ptr": "i64", "gpart_ptr": "fp32"}
     s_ptr = {"a_ptr": dt, "w_ptr": dt, "y_ptr": dt, "tok_ptr": "i32", "off_ptr": "i32",
@@ -66,7 +67,9 @@ def variants(dt: str = "bf16"):
     ]
 
 
-def compile_all(dt: str = "bf16", capability: int = 90, warps: int = 8, stages: int = 4):
+def compile_all(dt: str = "bf16", capability: int = 90, warps: int = 8, stages: int = 4,
+                blocks: dict | None = None, kernel: str | None = None):
+    """Reports of every variant (of `kernel` only, if given); `blocks`: BLOCK_M/N/K."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -74,7 +77,9 @@ def compile_all(dt: str = "bf16", capability: int = 90, warps: int = 8, stages: 
     from kernels import triton_cvmm
 
     target = GPUTarget("cuda", capability, 32)
-    for name, cex, ones, div16, ptrs in variants(dt):
+    for name, cex, ones, div16, ptrs in variants(dt, blocks):
+        if kernel is not None and name != kernel:
+            continue
         fn = getattr(triton_cvmm, name)
         names = fn.arg_names
         cex = {**cex, **{n: 1 for n in ones}}
@@ -90,10 +95,38 @@ def compile_all(dt: str = "bf16", capability: int = 90, warps: int = 8, stages: 
                "async_copies": ttgir.count("async_copy_global_to_local")}
 
 
-if __name__ == "__main__":
+def main(argv=None) -> None:
+    import argparse
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("dtype", nargs="?", default="bf16", choices=["bf16", "fp16", "fp32"],
+                   help="input dtype of the kernels (default bf16)")
+    p.add_argument("--all-configs", action="store_true",
+                   help="every autotune config (kernels/triton_launch.py), with the shared "
+                        "memory that fitting_configs estimates for it")
+    p.add_argument("--kernel", choices=["gather_mm_kernel", "scatter_mm_kernel", "wgrad_kernel"])
+    args = p.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET", "0") == "1":
         sys.exit("unset TRITON_INTERPRET: the interpreter cannot compile")
     if problem := aot_problem():
         sys.exit(problem)
-    for report in compile_all(*sys.argv[1:2]):
-        print(json.dumps(report), flush=True)
+    if not args.all_configs:
+        for report in compile_all(args.dtype, kernel=args.kernel):
+            print(json.dumps(report), flush=True)
+        return
+    from kernels import triton_launch as tl
+
+    elem = 4 if args.dtype == "fp32" else 2
+    for name in [args.kernel] if args.kernel else ["gather_mm_kernel", "scatter_mm_kernel",
+                                                   "wgrad_kernel"]:
+        wgrad = name == "wgrad_kernel"
+        for cfg in tl._WGRAD_CONFIGS if wgrad else [*tl._MM_CONFIGS, tl._SMALL_CONFIG]:
+            for report in compile_all(args.dtype, warps=cfg.num_warps, stages=cfg.num_stages,
+                                      blocks=cfg.kwargs, kernel=name):
+                report.update(num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+                              estimate=None if wgrad else tl.smem_bytes(cfg, elem))
+                print(json.dumps(report), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,12 +1,20 @@
 """Launchers of the CVMM Triton kernels (kernels/triton_cvmm.py, paper Eq. `cvmm`).
 
-Block sizes are autotuned per (N, KD) (and, by Triton, per dtype) on a GPU. Under
+Block sizes are autotuned per (N, KD) (and, by Triton, per dtype) on a GPU, among the
+configs whose tiles fit the device's shared memory (`fitting_configs`). Where Triton can
+(>= 3.4, `cache_results`), the choice is stored in Triton's cache directory: a restarted or
+resumed run on the same GPU model takes the block sizes of the run before it, so it sums in
+the same order and gets the same bits (block sizes set the summation order: without the
+cache, two processes could tune differently). Delete the cache (TRITON_CACHE_DIR, default
+~/.triton/cache) to tune again. Under
 TRITON_INTERPRET=1 (CPU tests) autotune is skipped -- it would time every config in the
 interpreter -- and one small block config runs, with every tile upcast to fp32.
 
 Shapes: tok_R int32 [R], off_S int32 [E*K+1] (kernels/routing.py), W[e, k, n] any strides.
 """
 from __future__ import annotations
+
+import inspect
 
 import torch
 import triton
@@ -65,20 +73,52 @@ _WGRAD_CONFIGS = [
     _cfg(128, 128, 64, 8, 4), _cfg(128, 128, 32, 4, 4), _cfg(64, 128, 64, 4, 4),
     _cfg(128, 64, 64, 4, 4),
 ]
+# the smallest tiles, for GPUs where no config above fits (e.g. fp32 with 64 KB per block)
+_SMALL_CONFIG = _cfg(64, 64, 32, 4, 2)
 _MIN_BLOCK_N = (_INTERPRET_BLOCKS["BLOCK_N"] if INTERPRET
-                else min(c.kwargs["BLOCK_N"] for c in _MM_CONFIGS))
+                else min(c.kwargs["BLOCK_N"] for c in [*_MM_CONFIGS, _SMALL_CONFIG]))
+
+
+def smem_bytes(cfg: triton.Config, elem_bytes: int) -> int:
+    """Shared memory of a gather/scatter config: num_stages buffers of an A tile (M x K) and
+    a W tile (K x N) in the input dtype. Exact for sm_90 (tests compare it with compiled
+    kernels). The wgrad kernel is not pipelined: its configs need at most 97 KB (fp32)."""
+    k = cfg.kwargs
+    return cfg.num_stages * (k["BLOCK_M"] + k["BLOCK_N"]) * k["BLOCK_K"] * elem_bytes
+
+
+def fitting_configs(configs: list, max_smem: int, elem_bytes: int) -> list:
+    """The configs that fit `max_smem` bytes (H100: 227 KB, A100: 163 KB, consumer GPUs:
+    99 KB), else the small one. Triton would compile the others only to fail at launch
+    (two fp32 configs on an H100), and when none fits it would launch one anyway."""
+    return [c for c in configs if smem_bytes(c, elem_bytes) <= max_smem] or [_SMALL_CONFIG]
+
+
+def _prune_to_smem(configs, named_args, **kwargs):
+    a = named_args["a_ptr"]
+    props = triton.runtime.driver.active.utils.get_device_properties(a.device.index)
+    return fitting_configs(configs, props["max_shared_mem"], a.element_size())
+
+
+def _autotune(configs, key, **hooks):
+    extra = {}
+    if "cache_results" in inspect.signature(triton.autotune).parameters:  # Triton >= 3.4
+        extra["cache_results"] = True
+    return triton.autotune(configs, key=key, **hooks, **extra)
+
 
 if INTERPRET:
     _gather_mm, _scatter_mm, _wgrad = gather_mm_kernel, scatter_mm_kernel, wgrad_kernel
 else:
+    _PRUNE = {"early_config_prune": _prune_to_smem}
     # gpart has a row per 64 columns; a config with wider tiles writes fewer rows, so rows a
     # timing trial wrote would be summed into the gate gradient: zeroed before every run
-    _gather_mm = triton.autotune(_MM_CONFIGS, key=["N", "KD", "EPILOGUE"],
-                                 reset_to_zero=["gpart_ptr"])(gather_mm_kernel)
+    _gather_mm = _autotune(_MM_CONFIGS, ["N", "KD", "EPILOGUE"], reset_to_zero=["gpart_ptr"],
+                           prune_configs_by=_PRUNE)(gather_mm_kernel)
     # the slot kernel reads what it writes: every timing trial must start from the same Y
-    _scatter_mm = triton.autotune(_MM_CONFIGS, key=["N", "KD", "HAS_SCALE"],
-                                  restore_value=["y_ptr"])(scatter_mm_kernel)
-    _wgrad = triton.autotune(_WGRAD_CONFIGS, key=["M", "N", "GATHER_A", "GATHER_B", "HAS_SCALE"])(
+    _scatter_mm = _autotune(_MM_CONFIGS, ["N", "KD", "HAS_SCALE"], restore_value=["y_ptr"],
+                            prune_configs_by=_PRUNE)(scatter_mm_kernel)
+    _wgrad = _autotune(_WGRAD_CONFIGS, ["M", "N", "GATHER_A", "GATHER_B", "HAS_SCALE"])(
         wgrad_kernel)
 
 

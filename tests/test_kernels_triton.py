@@ -187,14 +187,24 @@ def test_compile_fullgraph_traces_triton_op():
         torch.testing.assert_close(g, r)
 
 
-def test_kernels_compile_for_hopper():
-    """Real Triton (not the interpreter) compiles every kernel variant for sm_90, with
-    wgmma products and a software-pipelined (cp.async) K loop; no GPU needed."""
-    import importlib.util
-    import json
+def _outside_interpreter(*args: str) -> str:
+    """stdout of `python *args` in a process without TRITON_INTERPRET (real Triton)."""
     import os
     import subprocess
     import sys
+    from pathlib import Path
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run([sys.executable, *args], env=env, text=True, capture_output=True,
+                         cwd=Path(kernels.__file__).parents[1])
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out.stdout
+
+
+def _compile_for_hopper(*args: str) -> list[dict]:
+    """Reports of `python -m kernels.triton_aot *args` (skips without ptxas / new Triton)."""
+    import importlib.util
+    import json
     from pathlib import Path
 
     import triton
@@ -206,15 +216,65 @@ def test_kernels_compile_for_hopper():
         pytest.skip("this Triton has no NVIDIA backend / ptxas")
     if problem := aot_problem():
         pytest.skip(problem)
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    out = subprocess.run([sys.executable, "-m", "kernels.triton_aot"], env=env, text=True,
-                         capture_output=True, cwd=Path(kernels.__file__).parents[1])
-    assert out.returncode == 0, out.stderr[-3000:]
-    reports = [json.loads(line) for line in out.stdout.splitlines()]
+    stdout = _outside_interpreter("-m", "kernels.triton_aot", *args)
+    return [json.loads(line) for line in stdout.splitlines()]
+
+
+def test_kernels_compile_for_hopper():
+    """Real Triton (not the interpreter) compiles every kernel variant for sm_90, with
+    wgmma products and a software-pipelined (cp.async) K loop; no GPU needed."""
+    reports = _compile_for_hopper()
     assert len(reports) == 6
     for r in reports:
         assert r["wgmma"] > 0 and r["async_copies"] > 0, r
         assert r["shared_bytes"] <= 227 * 1024, r  # fits an H100 SM
+
+
+H100_SMEM = 232448  # bytes per block (227 KB), what Triton reports as max_shared_mem
+
+
+def test_smem_estimate_is_what_triton_allocates():
+    """fitting_configs' estimate equals the shared memory of every compiled fp32 config of
+    the gather kernel (sm_90), so the pruning drops exactly the configs that cannot run."""
+    from kernels.triton_launch import fitting_configs
+
+    reports = _compile_for_hopper("fp32", "--all-configs", "--kernel", "gather_mm_kernel")
+    assert len(reports) == 2 * 7  # two epilogues x (6 autotune configs + the small one)
+    assert all(r["shared_bytes"] == r["estimate"] for r in reports), reports
+    too_big = {tuple(r["variant"][b] for b in ("BLOCK_M", "BLOCK_N", "BLOCK_K"))
+               for r in reports if r["shared_bytes"] > H100_SMEM}
+    assert len(too_big) == 2  # 128x128x64 (4 stages) and 128x256x64 (3 stages)
+    from kernels.triton_launch import _MM_CONFIGS
+
+    kept = fitting_configs(_MM_CONFIGS, H100_SMEM, 4)
+    assert len(kept) == len(_MM_CONFIGS) - 2
+    assert not {tuple(c.kwargs.values()) for c in kept} & too_big
+
+
+def test_fitting_configs_per_gpu():
+    from kernels.triton_launch import _MM_CONFIGS, _SMALL_CONFIG, fitting_configs, smem_bytes
+
+    assert fitting_configs(_MM_CONFIGS, H100_SMEM, 2) == _MM_CONFIGS  # bf16 on an H100
+    a100 = fitting_configs(_MM_CONFIGS, 166912, 4)  # fp32 on an A100: 163 KB
+    assert [smem_bytes(c, 4) for c in a100] == [131072, 98304]
+    assert fitting_configs(_MM_CONFIGS, 65536, 4) == [_SMALL_CONFIG]  # fp32, 64 KB: T4
+    assert smem_bytes(_SMALL_CONFIG, 4) <= 65536
+
+
+def test_gpu_autotuners_prune_and_cache():
+    """Outside the interpreter the kernels are autotuned over the configs that fit the GPU,
+    and (Triton >= 3.4) the choice is kept on disk, so a resumed run sums in the same order."""
+    import inspect
+
+    import triton
+
+    stdout = _outside_interpreter("-c", (
+        "import kernels.triton_launch as L\n"
+        "for a in (L._gather_mm, L._scatter_mm, L._wgrad):\n"
+        "    print(getattr(a, 'cache_results', False),\n"
+        "          a.early_config_prune is L._prune_to_smem)\n"))
+    caching = str("cache_results" in inspect.signature(triton.autotune).parameters)
+    assert stdout.split() == [caching, "True", caching, "True", caching, "False"]
 
 
 # ---------------------------------------------------------------------------- GPU only
