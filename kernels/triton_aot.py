@@ -95,6 +95,9 @@ def compile_all(dt: str = "bf16", capability: int = 90, warps: int = 8, stages: 
                "async_copies": ttgir.count("async_copy_global_to_local")}
 
 
+KERNELS = ["gather_mm_kernel", "scatter_mm_kernel", "wgrad_kernel"]
+
+
 def main(argv=None) -> None:
     import argparse
 
@@ -103,28 +106,29 @@ def main(argv=None) -> None:
                    help="input dtype of the kernels (default bf16)")
     p.add_argument("--all-configs", action="store_true",
                    help="every autotune config (kernels/triton_launch.py), with the shared "
-                        "memory that fitting_configs estimates for it")
-    p.add_argument("--kernel", choices=["gather_mm_kernel", "scatter_mm_kernel", "wgrad_kernel"])
+                        "memory that fitting_configs estimates for it (`estimate`)")
+    p.add_argument("--kernels", nargs="+", choices=KERNELS, default=KERNELS,
+                   help="only these kernels (default: all)")
     args = p.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET", "0") == "1":
         sys.exit("unset TRITON_INTERPRET: the interpreter cannot compile")
     if problem := aot_problem():
         sys.exit(problem)
     if not args.all_configs:
-        for report in compile_all(args.dtype, kernel=args.kernel):
-            print(json.dumps(report), flush=True)
+        for name in args.kernels:
+            for report in compile_all(args.dtype, kernel=name):
+                print(json.dumps(report), flush=True)
         return
     from kernels import triton_launch as tl
 
     elem = 4 if args.dtype == "fp32" else 2
-    for name in [args.kernel] if args.kernel else ["gather_mm_kernel", "scatter_mm_kernel",
-                                                   "wgrad_kernel"]:
+    for name in args.kernels:
         wgrad = name == "wgrad_kernel"
-        for cfg in tl._WGRAD_CONFIGS if wgrad else [*tl._MM_CONFIGS, tl._SMALL_CONFIG]:
+        for cfg in [*(tl._WGRAD_CONFIGS if wgrad else tl._MM_CONFIGS), tl._SMALL_CONFIG]:
             for report in compile_all(args.dtype, warps=cfg.num_warps, stages=cfg.num_stages,
                                       blocks=cfg.kwargs, kernel=name):
                 report.update(num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-                              estimate=None if wgrad else tl.smem_bytes(cfg, elem))
+                              estimate=tl.smem_bytes(cfg, elem, wgrad))
                 print(json.dumps(report), flush=True)
 
 

@@ -79,25 +79,32 @@ _MIN_BLOCK_N = (_INTERPRET_BLOCKS["BLOCK_N"] if INTERPRET
                 else min(c.kwargs["BLOCK_N"] for c in [*_MM_CONFIGS, _SMALL_CONFIG]))
 
 
-def smem_bytes(cfg: triton.Config, elem_bytes: int) -> int:
-    """Shared memory of a gather/scatter config: num_stages buffers of an A tile (M x K) and
-    a W tile (K x N) in the input dtype. Exact for sm_90 (tests compare it with compiled
-    kernels). The wgrad kernel is not pipelined: its configs need at most 97 KB (fp32)."""
+def smem_bytes(cfg: triton.Config, elem_bytes: int, wgrad: bool = False) -> int:
+    """Shared memory of a config. Gather/scatter kernels: num_stages buffers of an A tile
+    (M x K) and a W tile (K x N) in the input dtype, exact on sm_90. The wgrad kernel keeps
+    two such buffers whatever num_stages says, plus at most 1 KB: an upper bound. (Tests
+    compare both with compiled kernels: `python -m kernels.triton_aot --all-configs`.)"""
     k = cfg.kwargs
-    return cfg.num_stages * (k["BLOCK_M"] + k["BLOCK_N"]) * k["BLOCK_K"] * elem_bytes
+    stages = 2 if wgrad else cfg.num_stages
+    return stages * (k["BLOCK_M"] + k["BLOCK_N"]) * k["BLOCK_K"] * elem_bytes + 1024 * wgrad
 
 
-def fitting_configs(configs: list, max_smem: int, elem_bytes: int) -> list:
+def fitting_configs(configs: list, max_smem: int, elem_bytes: int, wgrad: bool = False) -> list:
     """The configs that fit `max_smem` bytes (H100: 227 KB, A100: 163 KB, consumer GPUs:
     99 KB), else the small one. Triton would compile the others only to fail at launch
     (two fp32 configs on an H100), and when none fits it would launch one anyway."""
-    return [c for c in configs if smem_bytes(c, elem_bytes) <= max_smem] or [_SMALL_CONFIG]
+    return ([c for c in configs if smem_bytes(c, elem_bytes, wgrad) <= max_smem]
+            or [_SMALL_CONFIG])
 
 
-def _prune_to_smem(configs, named_args, **kwargs):
+def _prune_to_smem(configs, named_args, wgrad=False, **kwargs):
     a = named_args["a_ptr"]
     props = triton.runtime.driver.active.utils.get_device_properties(a.device.index)
-    return fitting_configs(configs, props["max_shared_mem"], a.element_size())
+    return fitting_configs(configs, props["max_shared_mem"], a.element_size(), wgrad)
+
+
+def _prune_wgrad_to_smem(configs, named_args, **kwargs):
+    return _prune_to_smem(configs, named_args, wgrad=True, **kwargs)
 
 
 def _autotune(configs, key, **hooks):
@@ -118,7 +125,8 @@ else:
     # the slot kernel reads what it writes: every timing trial must start from the same Y
     _scatter_mm = _autotune(_MM_CONFIGS, ["N", "KD", "HAS_SCALE"], restore_value=["y_ptr"],
                             prune_configs_by=_PRUNE)(scatter_mm_kernel)
-    _wgrad = _autotune(_WGRAD_CONFIGS, ["M", "N", "GATHER_A", "GATHER_B", "HAS_SCALE"])(
+    _wgrad = _autotune(_WGRAD_CONFIGS, ["M", "N", "GATHER_A", "GATHER_B", "HAS_SCALE"],
+                       prune_configs_by={"early_config_prune": _prune_wgrad_to_smem})(
         wgrad_kernel)
 
 
