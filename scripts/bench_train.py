@@ -5,13 +5,15 @@ parameter-equal dense twin). torch (+ triton) only, no Hydra, so it runs on GPU 
     python scripts/bench_train.py --device cpu          # CPU: the mini shapes, fp32
 
 Times forward + backward + Adam step of the Transformer-XL (memory included) after warm-up,
-alternating the two models step by step; prints the median ms/step, tokens/s, peak memory
+at the paper's batch (halved until a step fits the GPU; `--batch` sets it), alternating the
+two models step by step; prints the median ms/step, tokens/s, peak memory
 and the median of the per-round MoE/dense ratios, and writes JSON to
 benchmarks/train_<device>.json.
 """
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import statistics
 import sys
@@ -36,12 +38,12 @@ SHAPES = {
 }
 
 
-def build(shape: str, kind: str) -> tuple[TransformerXL, int, int, int]:
-    D, L, H, C, ctx, batch, vocab, d_ff, n_e, g, k = SHAPES[shape]
+def build(shape: str, kind: str) -> tuple[TransformerXL, int, int]:
+    D, L, H, C, ctx, _, vocab, d_ff, n_e, g, k = SHAPES[shape]
     ffn = (DenseConfig(D, L, d_ff) if kind == "dense" else
            SigmaMoEConfig(D, L, n_e, g, k, reg_gamma=1e-3))
     cfg = TransformerXLConfig(vocab, D, L, H, C, 0.1, ctx, 4 * ctx, kind, ffn)
-    return TransformerXL(cfg), ctx, batch, vocab
+    return TransformerXL(cfg), ctx, vocab
 
 
 def make_step(model, ctx, batch, vocab, device, dtype):
@@ -70,14 +72,32 @@ def make_step(model, ctx, batch, vocab, device, dtype):
     return step
 
 
-def bench_shape(shape, device, dtype, warmup, reps) -> dict:
+def bench_shape(shape, device, dtype, warmup, reps, batch=None) -> dict:
+    """`bench_batch` at the shape's batch (or `batch`); on a GPU that cannot hold a step of
+    it, at half the batch, and so on (a WT-B step at the paper's 64 x 512 tokens keeps
+    roughly 60-100 GB of activations, estimated on a CPU). Both twins always run the same
+    batch, which the result records."""
+    batch = batch or SHAPES[shape][5]
+    while True:
+        try:
+            return bench_batch(shape, device, dtype, warmup, reps, batch)
+        except torch.cuda.OutOfMemoryError:
+            if batch == 1:
+                raise
+        gc.collect()  # outside the except block: the traceback no longer holds the tensors
+        torch.cuda.empty_cache()
+        print(f"{shape}: out of GPU memory at batch {batch}; measuring batch {batch // 2}")
+        batch //= 2
+
+
+def bench_batch(shape, device, dtype, warmup, reps, batch) -> dict:
     """Both twins of one shape: warm-up (and peak memory) one model at a time, then `reps`
     rounds of one dense step and one sigma-MoE step, so that a drift of the machine's speed
     hits both alike; the ratio is the median of the per-round ratios."""
-    row, steps = {}, {}
+    row, steps = {"batch": batch}, {}
     for kind in ("dense", "sigma_moe"):
         torch.manual_seed(0)
-        model, ctx, batch, vocab = build(shape, kind)
+        model, ctx, vocab = build(shape, kind)
         base = torch.cuda.memory_allocated() if device.type == "cuda" else 0
         model.to(device).train()
         if device.type == "cuda":
@@ -110,6 +130,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--dtype", choices=list(DTYPES))
     ap.add_argument("--warmup", type=int, default=3, help="steps per model before timing")
     ap.add_argument("--reps", type=int, default=10, help="timed rounds (one step of each)")
+    ap.add_argument("--batch", type=int,
+                    help="sequences per step for every shape (default: the paper's, halved "
+                         "until a step fits the GPU)")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
     device = torch.device(args.device)
@@ -120,7 +143,7 @@ def main(argv=None) -> dict:
            "threads": torch.get_num_threads(), "results": {}}
     print(f"{'shape':10} {'ffn':10} {'params':>8} {'ms/step':>9} {'tok/s':>9} {'peak MB':>9}")
     for shape in shapes:
-        row = bench_shape(shape, device, dtype, args.warmup, args.reps)
+        row = bench_shape(shape, device, dtype, args.warmup, args.reps, args.batch)
         for kind in ("dense", "sigma_moe"):
             r = row[kind]
             peak = f"{r['peak_mb']:.0f}" if r["peak_mb"] is not None else "-"
@@ -128,7 +151,8 @@ def main(argv=None) -> dict:
                   f"{r['tokens_per_s']:9.0f} {peak:>9}")
         lo, hi = row["moe_over_dense_range"]
         print(f"{shape:10} sigma-MoE / dense step time: {row['moe_over_dense_time']:.2f}x "
-              f"(median of {args.reps} paired rounds, range {lo:.2f}-{hi:.2f})")
+              f"(batch {row['batch']}, median of {args.reps} paired rounds, range "
+              f"{lo:.2f}-{hi:.2f})")
         out["results"][shape] = row
     path = args.out or Path(__file__).resolve().parent.parent / "benchmarks" / (
         f"train_{device_slug(name)}.json")

@@ -3,6 +3,7 @@ import json
 import statistics
 
 import pytest
+import torch
 
 from scripts import bench_train
 
@@ -20,3 +21,28 @@ def test_bench_train_cpu_mini(tmp_path):
     lo, hi = row["moe_over_dense_range"]
     assert lo <= row["moe_over_dense_time"] <= hi
     assert json.loads((tmp_path / "t.json").read_text())["device"] == "cpu"
+
+
+
+def test_bench_train_halves_the_batch_when_a_step_does_not_fit(monkeypatch, tmp_path):
+    measure, tried = bench_train.bench_batch, []
+
+    def gpu_of(max_batch):
+        def bench_batch(shape, device, dtype, warmup, reps, batch):
+            tried.append(batch)
+            if batch > max_batch:
+                raise torch.cuda.OutOfMemoryError("CUDA out of memory (simulated)")
+            return measure(shape, device, dtype, warmup, reps, batch)
+        return bench_batch
+
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    args = ["--device", "cpu", "--shapes", "mini", "--warmup", "0", "--reps", "1",
+            "--out", str(tmp_path / "t.json")]
+    monkeypatch.setattr(bench_train, "bench_batch", gpu_of(4))
+    out = bench_train.main(args)
+    assert tried == [16, 8, 4] and out["results"]["mini"]["batch"] == 4
+    tried.clear()
+    monkeypatch.setattr(bench_train, "bench_batch", gpu_of(0))
+    with pytest.raises(torch.cuda.OutOfMemoryError):  # not even one sequence: the error
+        bench_train.main([*args, "--batch", "2"])
+    assert tried == [2, 1]
