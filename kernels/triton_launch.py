@@ -107,27 +107,29 @@ def _prune_wgrad_to_smem(configs, named_args, **kwargs):
     return _prune_to_smem(configs, named_args, wgrad=True, **kwargs)
 
 
-def _autotune(configs, key, **hooks):
-    extra = {}
-    if "cache_results" in inspect.signature(triton.autotune).parameters:  # Triton >= 3.4
-        extra["cache_results"] = True
-    return triton.autotune(configs, key=key, **hooks, **extra)
+# Triton >= 3.4 keeps autotune results on disk when asked (see the module docstring)
+_CACHE_RESULTS = ({"cache_results": True}
+                  if "cache_results" in inspect.signature(triton.autotune).parameters else {})
+
+
+def _autotune(configs, key, prune, **hooks):
+    """triton.autotune over the configs that `prune` keeps for the device."""
+    return triton.autotune(configs, key=key, prune_configs_by={"early_config_prune": prune},
+                           **hooks, **_CACHE_RESULTS)
 
 
 if INTERPRET:
     _gather_mm, _scatter_mm, _wgrad = gather_mm_kernel, scatter_mm_kernel, wgrad_kernel
 else:
-    _PRUNE = {"early_config_prune": _prune_to_smem}
     # gpart has a row per 64 columns; a config with wider tiles writes fewer rows, so rows a
     # timing trial wrote would be summed into the gate gradient: zeroed before every run
-    _gather_mm = _autotune(_MM_CONFIGS, ["N", "KD", "EPILOGUE"], reset_to_zero=["gpart_ptr"],
-                           prune_configs_by=_PRUNE)(gather_mm_kernel)
+    _gather_mm = _autotune(_MM_CONFIGS, ["N", "KD", "EPILOGUE"], _prune_to_smem,
+                           reset_to_zero=["gpart_ptr"])(gather_mm_kernel)
     # the slot kernel reads what it writes: every timing trial must start from the same Y
-    _scatter_mm = _autotune(_MM_CONFIGS, ["N", "KD", "HAS_SCALE"], restore_value=["y_ptr"],
-                            prune_configs_by=_PRUNE)(scatter_mm_kernel)
+    _scatter_mm = _autotune(_MM_CONFIGS, ["N", "KD", "HAS_SCALE"], _prune_to_smem,
+                            restore_value=["y_ptr"])(scatter_mm_kernel)
     _wgrad = _autotune(_WGRAD_CONFIGS, ["M", "N", "GATHER_A", "GATHER_B", "HAS_SCALE"],
-                       prune_configs_by={"early_config_prune": _prune_wgrad_to_smem})(
-        wgrad_kernel)
+                       _prune_wgrad_to_smem)(wgrad_kernel)
 
 
 def _blocks() -> dict:
