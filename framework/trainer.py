@@ -120,7 +120,11 @@ def to_host(values: dict[str, Any]) -> dict[str, float]:
     """Python floats of scalar metrics: the device tensors in one transfer (float() on each
     would wait for the GPU once per metric)."""
     keys = [k for k, v in values.items() if torch.is_tensor(v)]
-    host = dict(zip(keys, torch.stack([values[k] for k in keys]).tolist())) if keys else {}
+    host = {}
+    if keys:  # one dtype and device (the grad norm of a model without gradients is on the CPU)
+        like = values[keys[0]]
+        stacked = torch.stack([values[k].detach().to(like.device, torch.float64) for k in keys])
+        host = dict(zip(keys, stacked.tolist()))
     return {k: host[k] if k in host else float(v) for k, v in values.items()}
 
 
@@ -229,11 +233,14 @@ class Trainer:
             for k, v in metrics.items():  # device tensors: one sync per step, not per batch
                 v = v.double() if torch.is_tensor(v) else v
                 totals[k] = totals.get(k, 0.0) + v / cfg.grad_accum
-        # every rank decides the same (skip/stop) below
-        totals = mean_over_ranks(to_host(totals))
         self.scaler.unscale_(self.optimizer)
         max_norm = cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
+        # clipping stays on the device: the norm reaches the host with the metrics, in the
+        # step's one wait for the GPU
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
+        totals = to_host({**totals, "grad_norm": norm})
+        grad_norm = totals.pop("grad_norm")  # equal on every rank (gradients are all-reduced)
+        totals = mean_over_ranks(totals)  # every rank decides the same (skip/stop) below
         loss_finite = math.isfinite(totals.get("loss", 0.0))
         # fp16: a gradient overflow is the scaler's (it skips the step and lowers the
         # scale); a non-finite loss is not (the scaling comes after it) and would be

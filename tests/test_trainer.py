@@ -116,6 +116,40 @@ def test_step_metrics_reach_the_host_in_one_transfer(monkeypatch):
     assert host == {"loss": 2.5, "reg": 0.0, "ce": 2.25} and list(host) == list(values)
     assert all(type(v) is float for v in host.values()) and calls == [(2,)]
     assert to_host({"reg": 1}) == {"reg": 1.0}
+    # mixed dtypes and devices (a model without gradients has its grad norm on the CPU)
+    assert to_host({"loss": torch.tensor(1.5, dtype=torch.float64),
+                    "grad_norm": torch.tensor(0.25)}) == {"loss": 1.5, "grad_norm": 0.25}
+
+
+def test_a_training_step_waits_for_the_device_once(tmp_path, monkeypatch):
+    """The trainer's own code reads device values once per step (the metrics and the grad
+    norm together): each read waits for the GPU."""
+    import sys
+
+    import framework.trainer
+
+    reads = []
+    for name in ("tolist", "item", "__float__"):
+        real = getattr(torch.Tensor, name)
+
+        def read(t, *a, _real=real, _name=name):
+            if sys._getframe(1).f_code.co_filename == framework.trainer.__file__:
+                reads.append(_name)
+            return _real(t, *a)
+        monkeypatch.setattr(torch.Tensor, name, read)
+    steps = []
+    real_step = Trainer.train_step
+
+    def train_step(self):
+        reads.clear()
+        out = real_step(self)
+        steps.append(list(reads))
+        return out
+    monkeypatch.setattr(Trainer, "train_step", train_step)
+    cfg = compose_cfg([*TINY, *TINY_MOE, "trainer.steps=3", "trainer.grad_clip=0.5",
+                       "trainer.val_every=1000", "task.final_segments=1"])
+    RUN(cfg, tmp_path)
+    assert steps == [["tolist"]] * 3, steps
 
 
 def test_lr_schedule_warmup_then_cosine_to_zero():
