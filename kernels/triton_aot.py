@@ -124,7 +124,7 @@ def main(argv=None) -> None:
     elem = 4 if args.dtype == "fp32" else 2
     for name in args.kernels:
         wgrad = name == "wgrad_kernel"
-        for cfg in [*(tl._WGRAD_CONFIGS if wgrad else tl._MM_CONFIGS), tl._SMALL_CONFIG]:
+        for cfg in [*(tl.WGRAD_CONFIGS if wgrad else tl.MM_CONFIGS), tl.SMALL_CONFIG]:
             for report in compile_all(args.dtype, warps=cfg.num_warps, stages=cfg.num_stages,
                                       blocks=cfg.kwargs, kernel=name):
                 report.update(num_warps=cfg.num_warps, num_stages=cfg.num_stages,

@@ -64,19 +64,19 @@ def _cfg(bm, bn, bk, warps, stages):
 
 # rows x columns x reduction; G = 64..512 and d_model = 256..4096 are the shapes that matter.
 # Few configs: each is compiled for every kernel variant the first time it runs.
-_MM_CONFIGS = [
+MM_CONFIGS = [
     _cfg(128, 128, 64, 8, 4), _cfg(128, 128, 32, 4, 4), _cfg(128, 64, 64, 4, 4),
     _cfg(64, 128, 64, 4, 4), _cfg(128, 256, 64, 8, 3), _cfg(64, 64, 64, 4, 3),
 ]
 # output tile (M x N of one expert's dW) x rows walked per step
-_WGRAD_CONFIGS = [
+WGRAD_CONFIGS = [
     _cfg(128, 128, 64, 8, 4), _cfg(128, 128, 32, 4, 4), _cfg(64, 128, 64, 4, 4),
     _cfg(128, 64, 64, 4, 4),
 ]
 # the smallest tiles, for GPUs where no config above fits (e.g. fp32 with 64 KB per block)
-_SMALL_CONFIG = _cfg(64, 64, 32, 4, 2)
+SMALL_CONFIG = _cfg(64, 64, 32, 4, 2)
 _MIN_BLOCK_N = (_INTERPRET_BLOCKS["BLOCK_N"] if INTERPRET
-                else min(c.kwargs["BLOCK_N"] for c in [*_MM_CONFIGS, _SMALL_CONFIG]))
+                else min(c.kwargs["BLOCK_N"] for c in [*MM_CONFIGS, SMALL_CONFIG]))
 
 
 def smem_bytes(cfg: triton.Config, elem_bytes: int, wgrad: bool = False) -> int:
@@ -94,7 +94,7 @@ def fitting_configs(configs: list, max_smem: int, elem_bytes: int, wgrad: bool =
     99 KB), else the small one. Triton would compile the others only to fail at launch
     (two fp32 configs on an H100), and when none fits it would launch one anyway."""
     return ([c for c in configs if smem_bytes(c, elem_bytes, wgrad) <= max_smem]
-            or [_SMALL_CONFIG])
+            or [SMALL_CONFIG])
 
 
 def _prune_to_smem(configs, named_args, wgrad=False, **kwargs):
@@ -123,12 +123,12 @@ if INTERPRET:
 else:
     # gpart has a row per 64 columns; a config with wider tiles writes fewer rows, so rows a
     # timing trial wrote would be summed into the gate gradient: zeroed before every run
-    _gather_mm = _autotune(_MM_CONFIGS, ["N", "KD", "EPILOGUE"], _prune_to_smem,
+    _gather_mm = _autotune(MM_CONFIGS, ["N", "KD", "EPILOGUE"], _prune_to_smem,
                            reset_to_zero=["gpart_ptr"])(gather_mm_kernel)
     # the slot kernel reads what it writes: every timing trial must start from the same Y
-    _scatter_mm = _autotune(_MM_CONFIGS, ["N", "KD", "HAS_SCALE"], _prune_to_smem,
+    _scatter_mm = _autotune(MM_CONFIGS, ["N", "KD", "HAS_SCALE"], _prune_to_smem,
                             restore_value=["y_ptr"])(scatter_mm_kernel)
-    _wgrad = _autotune(_WGRAD_CONFIGS, ["M", "N", "GATHER_A", "GATHER_B", "HAS_SCALE"],
+    _wgrad = _autotune(WGRAD_CONFIGS, ["M", "N", "GATHER_A", "GATHER_B", "HAS_SCALE"],
                        _prune_wgrad_to_smem)(wgrad_kernel)
 
 

@@ -237,14 +237,14 @@ def test_smem_estimate_is_what_triton_allocates():
     """fitting_configs' estimate is the shared memory of every compiled fp32 config of the
     gather kernel (sm_90) and bounds the wgrad kernel's, so the pruning drops exactly the
     configs that cannot run on an H100."""
-    from kernels.triton_launch import _MM_CONFIGS, _WGRAD_CONFIGS, fitting_configs
+    from kernels.triton_launch import MM_CONFIGS, WGRAD_CONFIGS, fitting_configs
 
     reports = _compile_for_hopper("fp32", "--all-configs", "--kernels", "gather_mm_kernel",
                                   "wgrad_kernel")
     gather = [r for r in reports if r["kernel"] == "gather_mm_kernel"]
     wgrad = [r for r in reports if r["kernel"] == "wgrad_kernel"]
     # two variants each x (the autotune configs + the small one)
-    assert (len(gather), len(wgrad)) == (2 * (len(_MM_CONFIGS) + 1), 2 * (len(_WGRAD_CONFIGS) + 1))
+    assert (len(gather), len(wgrad)) == (2 * (len(MM_CONFIGS) + 1), 2 * (len(WGRAD_CONFIGS) + 1))
     assert all(r["shared_bytes"] == r["estimate"] for r in gather), gather
     assert all(r["shared_bytes"] <= r["estimate"] for r in wgrad), wgrad
     # tight: the variant with a gathered A (dW1) uses all but a few hundred bytes of it
@@ -252,29 +252,29 @@ def test_smem_estimate_is_what_triton_allocates():
     too_big = {tuple(r["variant"][b] for b in ("BLOCK_M", "BLOCK_N", "BLOCK_K"))
                for r in gather if r["shared_bytes"] > H100_SMEM}
     assert len(too_big) == 2  # 128x128x64 (4 stages) and 128x256x64 (3 stages)
-    kept = fitting_configs(_MM_CONFIGS, H100_SMEM, 4)
-    assert len(kept) == len(_MM_CONFIGS) - 2
+    kept = fitting_configs(MM_CONFIGS, H100_SMEM, 4)
+    assert len(kept) == len(MM_CONFIGS) - 2
     assert not {tuple(c.kwargs.values()) for c in kept} & too_big
-    assert fitting_configs(_WGRAD_CONFIGS, H100_SMEM, 4, wgrad=True) == _WGRAD_CONFIGS
+    assert fitting_configs(WGRAD_CONFIGS, H100_SMEM, 4, wgrad=True) == WGRAD_CONFIGS
 
 
 def test_fitting_configs_per_gpu():
     from kernels.triton_launch import (
-        _MM_CONFIGS,
-        _SMALL_CONFIG,
-        _WGRAD_CONFIGS,
+        MM_CONFIGS,
+        SMALL_CONFIG,
+        WGRAD_CONFIGS,
         fitting_configs,
         smem_bytes,
     )
 
-    assert fitting_configs(_MM_CONFIGS, H100_SMEM, 2) == _MM_CONFIGS  # bf16 on an H100
-    a100 = fitting_configs(_MM_CONFIGS, 166912, 4)  # fp32 on an A100: 163 KB
+    assert fitting_configs(MM_CONFIGS, H100_SMEM, 2) == MM_CONFIGS  # bf16 on an H100
+    a100 = fitting_configs(MM_CONFIGS, 166912, 4)  # fp32 on an A100: 163 KB
     assert [smem_bytes(c, 4) for c in a100] == [131072, 98304]
-    assert fitting_configs(_MM_CONFIGS, 65536, 4) == [_SMALL_CONFIG]  # fp32, 64 KB: T4
-    assert smem_bytes(_SMALL_CONFIG, 4) <= 65536
-    assert smem_bytes(_SMALL_CONFIG, 4, wgrad=True) <= 65536
-    consumer = fitting_configs(_WGRAD_CONFIGS, 101376, 4, wgrad=True)  # fp32, 99 KB
-    assert consumer and _WGRAD_CONFIGS[0] not in consumer  # 128x128x64 needs 128 KB
+    assert fitting_configs(MM_CONFIGS, 65536, 4) == [SMALL_CONFIG]  # fp32, 64 KB: T4
+    assert smem_bytes(SMALL_CONFIG, 4) <= 65536
+    assert smem_bytes(SMALL_CONFIG, 4, wgrad=True) <= 65536
+    consumer = fitting_configs(WGRAD_CONFIGS, 101376, 4, wgrad=True)  # fp32, 99 KB
+    assert consumer and WGRAD_CONFIGS[0] not in consumer  # 128x128x64 needs 128 KB
 
 
 def test_gpu_autotuners_prune_and_cache():
