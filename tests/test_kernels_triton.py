@@ -235,17 +235,19 @@ H100_SMEM = 232448  # bytes per block (227 KB), what Triton reports as max_share
 
 def test_smem_estimate_is_what_triton_allocates():
     """fitting_configs' estimate is the shared memory of every compiled fp32 config of the
-    gather kernel (sm_90) and bounds the wgrad kernel's, so the pruning drops exactly the
-    configs that cannot run on an H100."""
+    gather and scatter kernels (sm_90) and bounds the wgrad kernel's, so the pruning drops
+    exactly the configs that cannot run on an H100."""
     from kernels.triton_launch import MM_CONFIGS, WGRAD_CONFIGS, fitting_configs
 
-    reports = _compile_for_hopper("fp32", "--all-configs", "--kernels", "gather_mm_kernel",
-                                  "wgrad_kernel")
-    gather = [r for r in reports if r["kernel"] == "gather_mm_kernel"]
-    wgrad = [r for r in reports if r["kernel"] == "wgrad_kernel"]
+    reports = _compile_for_hopper("fp32", "--all-configs")
+    by_kernel = {k: [r for r in reports if r["kernel"] == k]
+                 for k in ("gather_mm_kernel", "scatter_mm_kernel", "wgrad_kernel")}
+    gather, wgrad = by_kernel["gather_mm_kernel"], by_kernel["wgrad_kernel"]
     # two variants each x (the autotune configs + the small one)
-    assert (len(gather), len(wgrad)) == (2 * (len(MM_CONFIGS) + 1), 2 * (len(WGRAD_CONFIGS) + 1))
-    assert all(r["shared_bytes"] == r["estimate"] for r in gather), gather
+    assert [len(r) for r in by_kernel.values()] == [2 * (len(MM_CONFIGS) + 1)] * 2 + [
+        2 * (len(WGRAD_CONFIGS) + 1)]
+    assert all(r["shared_bytes"] == r["estimate"]
+               for r in gather + by_kernel["scatter_mm_kernel"]), reports
     assert all(r["shared_bytes"] <= r["estimate"] for r in wgrad), wgrad
     # tight: the variant with a gathered A (dW1) uses all but a few hundred bytes of it
     assert all(r["estimate"] - r["shared_bytes"] <= 1024 for r in wgrad if r["variant"]["GATHER_A"])
