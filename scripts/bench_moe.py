@@ -7,7 +7,9 @@ for every backend of `kernels.moe_mlp` (Triton fused / unfused, torch._grouped_m
 path, the per-expert loop). Medians of repeated runs after warm-up, ratios to the dense MLP
 of the same run, FLOP and byte counts with the roofline time, a table on stdout, JSON under
 benchmarks/ and, when matplotlib is installed, the figures of scripts/plot_bench.py in the
-folder of the JSON's name (benchmarks/moe_<device>/).
+folder of the JSON's name (benchmarks/moe_<device>/). Only the run with the device's
+defaults writes there (the committed results come from it); any other run writes under
+runs/bench/ (git-ignored) unless `--out` says where.
 
     python scripts/bench_moe.py                 # GPU: all sweeps of the paper, bf16
     python scripts/bench_moe.py --device cpu    # small CPU sweeps + the CPU target case
@@ -310,7 +312,13 @@ def print_case(sweep: str, case: dict) -> None:
     sys.stdout.flush()
 
 
-def main(argv=None) -> dict:
+# flags that change neither the timings nor what is timed
+NOT_RESULTS = {"device", "check", "out"}
+
+
+def parse_args(argv=None) -> tuple[argparse.Namespace, list[str]]:
+    """-> (arguments with the device's defaults filled in, the flags set to other values than
+    those defaults: a run with any is not the one behind the committed results)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--device", choices=["cuda", "cpu"],
                    default="cuda" if torch.cuda.is_available() else "cpu")
@@ -328,19 +336,48 @@ def main(argv=None) -> dict:
     p.add_argument("--check", action="store_true", help="verify every backend first")
     p.add_argument("--no-target", action="store_true", help="cpu: skip the target case")
     p.add_argument("--out", type=Path,
-                   help="JSON path; default benchmarks/moe_<device name>.json (moe_cpu.json); "
+                   help="JSON path; default benchmarks/moe_<device name>.json (moe_cpu.json) "
+                        "for the device's defaults, else runs/bench/moe_<device name>.json; "
                         "plots go to the folder of the same name")
-    args = p.parse_args(argv)
+
+    def resolved(args):
+        cuda = args.device == "cuda"
+        all_sweeps = sweeps(args.device)
+        unknown = set(args.sweeps or ()) - set(all_sweeps)
+        if unknown:
+            p.error(f"unknown sweeps {sorted(unknown)} for {args.device}: choose from "
+                    f"{list(all_sweeps)}")
+        args.sweeps = list(all_sweeps) if args.sweeps is None else args.sweeps
+        args.dtype = args.dtype or ("bf16" if cuda else "fp32")
+        args.tokens = args.tokens or (32768 if cuda else 8192)
+        args.warmup = args.warmup if args.warmup is not None else (5 if cuda else 1)
+        args.reps = args.reps or (20 if cuda else 3)
+        return args
+
+    args = resolved(p.parse_args(argv))
+    defaults = resolved(p.parse_args(["--device", args.device]))
+    changed = ["--" + k.replace("_", "-") for k, v in vars(args).items()
+               if k not in NOT_RESULTS and v != getattr(defaults, k)]
+    return args, changed
+
+
+def out_path(name: str, changed: list[str]) -> Path:
+    """benchmarks/NAME for a run with the device's defaults, which the committed results come
+    from; runs/bench/NAME (git-ignored) for any other, so that a quick run cannot overwrite
+    them. Also used by scripts/bench_train.py."""
+    if not changed:
+        return ROOT / "benchmarks" / name
+    path = ROOT / "runs" / "bench" / name
+    print(f"not the defaults ({', '.join(changed)}): writing {path}, not benchmarks/{name} "
+          "(--out to choose)")
+    return path
+
+
+def main(argv=None) -> dict:
+    args, changed = parse_args(argv)
     cuda = args.device == "cuda"
     all_sweeps = sweeps(args.device)
-    unknown = set(args.sweeps or ()) - set(all_sweeps)
-    if unknown:
-        p.error(f"unknown sweeps {sorted(unknown)} for {args.device}: choose from "
-                f"{list(all_sweeps)}")
-    dtype = DTYPES[args.dtype or ("bf16" if cuda else "fp32")]
-    args.tokens = args.tokens or (32768 if cuda else 8192)
-    args.warmup = args.warmup if args.warmup is not None else (5 if cuda else 1)
-    args.reps = args.reps or (20 if cuda else 3)
+    dtype = DTYPES[args.dtype]
     if not cuda:
         print(f"cpu: {torch.get_num_threads()} threads, load average "
               f"{os.getloadavg()[0]:.2f} (timings need an otherwise idle machine)")
@@ -356,10 +393,10 @@ def main(argv=None) -> dict:
            "triton": getattr(sys.modules.get("triton"), "__version__", None),
            "threads": torch.get_num_threads(), "peaks": peaks, "skipped": skipped,
            "sweeps": {}}
-    stem = args.out.stem if args.out else f"moe_{device_slug(peaks['device'])}"
-    out_dir = args.out.parent if args.out else ROOT / "benchmarks"
+    path = args.out or out_path(f"moe_{device_slug(peaks['device'])}.json", changed)
+    stem, out_dir = path.stem, path.parent
     out_dir.mkdir(parents=True, exist_ok=True)
-    for name in list(all_sweeps) if args.sweeps is None else args.sweeps:
+    for name in args.sweeps:
         cases = [bench_case(c, args, args.device, dtype, backends, peaks)
                  for c in all_sweeps[name]]
         for c in cases:
@@ -375,7 +412,6 @@ def main(argv=None) -> dict:
                                    "peak: the roofline columns are pessimistic")
         print(f"note: {out['roofline_warning']} (set the real peak with --peak-tflops / "
               "--peak-gbps)")
-    path = args.out or out_dir / f"{stem}.json"
     path.write_text(json.dumps(out, indent=1))
     print(f"wrote {path}")
     if out["sweeps"]:

@@ -8,7 +8,8 @@ Times forward + backward + Adam step of the Transformer-XL (memory included) aft
 at the paper's batch (halved until a step fits the GPU; `--batch` sets it), alternating the
 two models step by step; prints the median ms/step, tokens/s, peak memory
 and the median of the per-round MoE/dense ratios, and writes JSON to
-benchmarks/train_<device>.json.
+benchmarks/train_<device>.json: the run with the device's defaults only (the committed
+results come from it); any other run writes under runs/bench/ unless `--out` says where.
 """
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from models.ffn.dense import DenseConfig  # noqa: E402
 from models.ffn.sigma_moe import SigmaMoEConfig  # noqa: E402
 from models.transformer_xl import TransformerXL, TransformerXLConfig, n_params  # noqa: E402
-from scripts.bench_moe import DTYPES, device_slug, sync  # noqa: E402
+from scripts.bench_moe import DTYPES, device_slug, out_path, sync  # noqa: E402
 
 # name: (d_model, layers, heads, head_dim, ctx, batch, vocab, dense d_ff, N_E, G, K)
 SHAPES = {
@@ -122,7 +123,13 @@ def bench_batch(shape, device, dtype, warmup, reps, batch) -> dict:
     return row
 
 
-def main(argv=None) -> dict:
+# flags that change neither the timings nor what is timed
+NOT_RESULTS = {"device", "out"}
+
+
+def parse_args(argv=None) -> tuple[argparse.Namespace, list[str]]:
+    """-> (arguments with the device's defaults filled in, the flags set to other values than
+    those defaults: a run with any is not the one behind the committed results)."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
     ap.add_argument("--device", choices=("cuda", "cpu"),
                     default="cuda" if torch.cuda.is_available() else "cpu")
@@ -133,16 +140,33 @@ def main(argv=None) -> dict:
     ap.add_argument("--batch", type=int,
                     help="sequences per step for every shape (default: the paper's, halved "
                          "until a step fits the GPU)")
-    ap.add_argument("--out", type=Path)
-    args = ap.parse_args(argv)
+    ap.add_argument("--out", type=Path,
+                    help="JSON path; default benchmarks/train_<device name>.json for the "
+                         "device's defaults, else runs/bench/train_<device name>.json")
+
+    def resolved(args):
+        cuda = args.device == "cuda"
+        args.shapes = args.shapes or (["wt_small", "wt_big"] if cuda else ["mini"])
+        args.dtype = args.dtype or ("bf16" if cuda else "fp32")
+        return args
+
+    args = resolved(ap.parse_args(argv))
+    defaults = resolved(ap.parse_args(["--device", args.device]))
+    changed = ["--" + k for k, v in vars(args).items()
+               if k not in NOT_RESULTS and v != getattr(defaults, k)]
+    return args, changed
+
+
+def main(argv=None) -> dict:
+    args, changed = parse_args(argv)
     device = torch.device(args.device)
-    shapes = args.shapes or (["wt_small", "wt_big"] if device.type == "cuda" else ["mini"])
-    dtype = DTYPES[args.dtype or ("bf16" if device.type == "cuda" else "fp32")]
+    dtype = DTYPES[args.dtype]
     name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
+    path = args.out or out_path(f"train_{device_slug(name)}.json", changed)
     out = {"device": name, "dtype": str(dtype), "torch": torch.__version__,
            "threads": torch.get_num_threads(), "results": {}}
     print(f"{'shape':10} {'ffn':10} {'params':>8} {'ms/step':>9} {'tok/s':>9} {'peak MB':>9}")
-    for shape in shapes:
+    for shape in args.shapes:
         row = bench_shape(shape, device, dtype, args.warmup, args.reps, args.batch)
         for kind in ("dense", "sigma_moe"):
             r = row[kind]
@@ -154,8 +178,6 @@ def main(argv=None) -> dict:
               f"(batch {row['batch']}, median of {args.reps} paired rounds, range "
               f"{lo:.2f}-{hi:.2f})")
         out["results"][shape] = row
-    path = args.out or Path(__file__).resolve().parent.parent / "benchmarks" / (
-        f"train_{device_slug(name)}.json")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(out, indent=1) + "\n")
     print(f"wrote {path}")

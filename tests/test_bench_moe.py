@@ -58,3 +58,34 @@ def test_check_refuses_to_time_a_wrong_backend(monkeypatch, capsys):
     with pytest.raises(SystemExit, match="disagrees"):
         bench_moe.check_backends(["torch", "reference"], "cpu", torch.float32)
     assert "check torch" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, changed", [
+    ([], []),
+    (["--check", "--out", "x.json"], []),  # neither changes the results
+    (["--tokens", "8192", "--reps", "3", "--sweeps", "dmodel_g128", "n_experts",
+      "expert_size", "--dtype", "fp32"], []),  # the defaults, spelled out
+    (["--tokens", "256", "--sweeps"], ["--tokens", "--sweeps"]),
+    (["--sweeps", "n_experts"], ["--sweeps"]),
+    (["--backends", "torch"], ["--backends"]),
+    (["--k", "2", "--warmup", "0", "--reps", "5"], ["--k", "--warmup", "--reps"]),
+    (["--dtype", "bf16", "--no-target"], ["--dtype", "--no-target"]),
+    (["--peak-tflops", "1", "--peak-gbps", "1"], ["--peak-tflops", "--peak-gbps"]),
+])
+def test_flags_that_change_the_results(argv, changed):
+    assert bench_moe.parse_args(["--device", "cpu", *argv])[1] == changed
+
+
+def test_only_the_default_run_writes_benchmarks(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(bench_moe, "ROOT", tmp_path)
+    assert bench_moe.out_path("moe_cpu.json", []) == tmp_path / "benchmarks" / "moe_cpu.json"
+    # a quick run (no sweeps, no target case, given peaks: nothing is timed) goes elsewhere
+    quick = ["--device", "cpu", "--sweeps", "--no-target", "--peak-tflops", "1",
+             "--peak-gbps", "1"]
+    bench_moe.main(quick)
+    assert (tmp_path / "runs" / "bench" / "moe_cpu.json").is_file()
+    assert not (tmp_path / "benchmarks").exists()
+    assert "not the defaults (--sweeps, --peak-tflops, --peak-gbps, --no-target): writing " \
+        f"{tmp_path / 'runs' / 'bench' / 'moe_cpu.json'}" in capsys.readouterr().out
+    bench_moe.main([*quick, "--out", str(tmp_path / "mine.json")])  # --out wins
+    assert (tmp_path / "mine.json").is_file() and not (tmp_path / "benchmarks").exists()

@@ -5,7 +5,7 @@ import statistics
 import pytest
 import torch
 
-from scripts import bench_train
+from scripts import bench_moe, bench_train
 
 
 def test_bench_train_cpu_mini(tmp_path):
@@ -22,6 +22,30 @@ def test_bench_train_cpu_mini(tmp_path):
     assert lo <= row["moe_over_dense_time"] <= hi
     assert json.loads((tmp_path / "t.json").read_text())["device"] == "cpu"
 
+
+@pytest.mark.parametrize("argv, changed", [
+    ([], []),
+    (["--out", "x.json", "--shapes", "mini", "--dtype", "fp32", "--reps", "10"], []),
+    (["--shapes", "wt_small"], ["--shapes"]),
+    (["--reps", "3", "--warmup", "0"], ["--warmup", "--reps"]),
+    (["--batch", "4", "--dtype", "bf16"], ["--dtype", "--batch"]),
+])
+def test_flags_that_change_the_results(argv, changed):
+    assert bench_train.parse_args(["--device", "cpu", *argv])[1] == changed
+
+
+def test_only_the_default_run_writes_benchmarks(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(bench_moe, "ROOT", tmp_path)
+    row = {"batch": 16, "moe_over_dense_time": 0.8, "moe_over_dense_range": [0.7, 0.9],
+           **{k: {"peak_mb": None, "n_params": 1, "ms": 1.0, "tokens_per_s": 1.0}
+              for k in ("dense", "sigma_moe")}}
+    monkeypatch.setattr(bench_train, "bench_shape", lambda *a: row)  # nothing is timed
+    bench_train.main(["--device", "cpu", "--reps", "3"])
+    assert (tmp_path / "runs" / "bench" / "train_cpu.json").is_file()
+    assert not (tmp_path / "benchmarks").exists()
+    assert "not the defaults (--reps)" in capsys.readouterr().out
+    bench_train.main(["--device", "cpu"])
+    assert (tmp_path / "benchmarks" / "train_cpu.json").is_file()
 
 
 def test_bench_train_halves_the_batch_when_a_step_does_not_fit(monkeypatch, tmp_path):
