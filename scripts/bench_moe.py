@@ -301,12 +301,13 @@ def print_case(sweep: str, case: dict) -> None:
     head = (f"[{sweep}] d_model={case['d_model']} N_E={case['n_experts']} "
             f"G={case['expert_size']} d_ff={case['d_ff']} T={case['tokens']} K={case['k']}")
     print(head)
-    print(f"  {'layer':15s} {'ms':>9s} {'x dense':>8s} {'peak MB':>8s} {'x dense':>8s} "
+    w = max(15, *map(len, case["results"]))  # the layer column fits the longest name
+    print(f"  {'layer':{w}s} {'ms':>9s} {'x dense':>8s} {'peak MB':>8s} {'x dense':>8s} "
           f"{'saved MB':>8s} {'x dense':>8s} {'GFLOP':>8s} {'roof ms':>8s} {'x roof':>7s}")
     for name, r in case["results"].items():
         mb = "-" if r["peak_mb"] is None else f"{r['peak_mb']:.0f}"
         mr = f"{r['peak_ratio_to_dense']:.2f}" if "peak_ratio_to_dense" in r else "-"
-        print(f"  {name:15s} {r['ms']:9.2f} {r['ratio_to_dense']:8.3f} {mb:>8s} {mr:>8s} "
+        print(f"  {name:{w}s} {r['ms']:9.2f} {r['ratio_to_dense']:8.3f} {mb:>8s} {mr:>8s} "
               f"{r['saved_mb']:8.1f} {r['saved_ratio_to_dense']:8.2f} "
               f"{r['flops'] / 1e9:8.1f} {r['roofline_ms']:8.3f} {r['x_roofline']:7.2f}")
     sys.stdout.flush()
@@ -323,7 +324,10 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--device", choices=["cuda", "cpu"],
                    default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--dtype", choices=list(DTYPES), help="default: bf16 on cuda, fp32 on cpu")
-    p.add_argument("--tokens", type=int, help="|B|; default 32768 (cuda) / 8192 (cpu)")
+    p.add_argument("--tokens", type=int,
+                   help="|B| of the sweeps; default 32768 (cuda) / 8192 (cpu); the CPU target "
+                        f"case ignores it (and --k): always T={CPU_TARGET['tokens']}, "
+                        f"K={CPU_TARGET['k']}")
     p.add_argument("--k", type=int, default=4)
     p.add_argument("--sweeps", nargs="*",
                    help="subset of the sweeps (default: all; the flag alone: none, e.g. "

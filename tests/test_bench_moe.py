@@ -89,3 +89,20 @@ def test_only_the_default_run_writes_benchmarks(tmp_path, monkeypatch, capsys):
         f"{tmp_path / 'runs' / 'bench' / 'moe_cpu.json'}" in capsys.readouterr().out
     bench_moe.main([*quick, "--out", str(tmp_path / "mine.json")])  # --out wins
     assert (tmp_path / "mine.json").is_file() and not (tmp_path / "benchmarks").exists()
+
+
+def test_table_columns_line_up(capsys):
+    r = {"ms": 1.0, "ms_all": [1.0], "ratio_to_dense": 1.0, "peak_mb": None, "saved_mb": 1.0,
+         "saved_ratio_to_dense": 1.0, "flops": 1e9, "roofline_ms": 1.0, "x_roofline": 1.0}
+    case = {"d_model": 8, "n_experts": 2, "expert_size": 4, "d_ff": 8, "tokens": 16, "k": 1,
+            "results": {"dense": r, "torch_experts_only": r, "torch": r}}
+    bench_moe.print_case("cpu target", case)
+    table = capsys.readouterr().out.splitlines()[1:]
+    # every field has a fixed width: aligned columns <=> lines of one length
+    assert len(table) == 4 and len({len(line) for line in table}) == 1
+
+
+def test_help_says_the_cpu_target_ignores_tokens(capsys):
+    with pytest.raises(SystemExit):
+        bench_moe.parse_args(["--help"])
+    assert "target case ignores it" in " ".join(capsys.readouterr().out.split())
