@@ -16,7 +16,7 @@ import pytest
 import sentencepiece as spm
 
 from framework.config import from_dict
-from framework.data import DATASETS, DataError, subword
+from framework.data import DATASETS, DataError, enwik8, subword
 from framework.data.base import bytes_to_ids
 from framework.data.enwik8 import Enwik8, Enwik8Config, split_sizes
 from framework.data.hf_stream import C4, C4Config, Pes2o, Pes2oConfig
@@ -85,8 +85,9 @@ def test_wt103_parallel_encoding_matches_serial(tmp_path):
     np.testing.assert_array_equal(one.splits["train"], two.splits["train"])
 
 
-def test_enwik8_split_boundaries(tmp_path):
+def test_enwik8_split_boundaries(tmp_path, monkeypatch):
     assert split_sizes(100_000_000) == (90_000_000, 5_000_000, 5_000_000)
+    monkeypatch.setattr(enwik8, "ENWIK8_BYTES", 4099)  # a small stand-in for the real file
     raw = bytes(random.Random(2).choice(b"<page>abc \n\xc3\xa9[]{}") for _ in range(4099))
     (tmp_path / "enwik8").write_bytes(raw)
     with zipfile.ZipFile(tmp_path / "enwik8.zip", "w") as z:
@@ -103,6 +104,27 @@ def test_enwik8_split_boundaries(tmp_path):
     # prepared from a local copy, a run with no source finds it in the cache
     again = Enwik8.load(Enwik8Config(cache_dir=str(tmp_path / "zip")))
     np.testing.assert_array_equal(again.splits["test"], ids[b:])
+
+
+def test_enwik8_refuses_a_file_of_another_size(tmp_path, monkeypatch):
+    (tmp_path / "hostname").write_bytes(b"myhost\n")
+    with zipfile.ZipFile(tmp_path / "enwik8.zip", "w") as z:
+        z.writestr("enwik8", b"x" * 1000)
+    for source, what in (("hostname", "hostname has 7 bytes"),
+                         ("enwik8.zip", "enwik8.zip:enwik8 has 1,000 bytes")):
+        with pytest.raises(DataError) as e:
+            Enwik8.load(Enwik8Config(source=str(tmp_path / source), cache_dir=str(tmp_path)))
+        msg = str(e.value)
+        assert "\n" not in msg and what in msg and "not the 100,000,000 of enwik8" in msg
+        assert "http://mattmahoney.net/dc/enwik8.zip" in msg
+        assert "`python scripts/prepare_data.py enwik8 --source /path/to/enwik8.zip`" in msg
+    assert {p.suffix for p in (tmp_path / "enwik8").iterdir()} == {".lock"}  # nothing cached
+    # a cache prepared from a small file (before the check existed) is refused too
+    monkeypatch.setattr(enwik8, "ENWIK8_BYTES", 1000)
+    Enwik8.load(Enwik8Config(source=str(tmp_path / "enwik8.zip"), cache_dir=str(tmp_path)))
+    monkeypatch.setattr(enwik8, "ENWIK8_BYTES", 100_000_000)
+    with pytest.raises(DataError, match=r"the cache .* has 1,000 bytes"):
+        Enwik8.load(Enwik8Config(cache_dir=str(tmp_path)))
 
 
 def write_shards(root: Path, pattern: str, n_files: int, docs_per_file: int, seed: int) -> list:
@@ -235,13 +257,18 @@ def test_wikitext_mini_size_and_vocab(tmp_path):
     assert text.startswith("= ") and "[[" not in text and "{{" not in text and "'''" not in text
 
 
-def test_prepare_data_script(tmp_path, capsys):
+def test_prepare_data_script(tmp_path, capsys, monkeypatch):
     sys.path.insert(0, str(ROOT / "scripts"))
     try:
         import prepare_data
     finally:
         sys.path.pop(0)
     (tmp_path / "enwik8").write_bytes(b"hello enwik8 " * 100)
+    assert prepare_data.main(["enwik8", "--source", str(tmp_path / "enwik8"),
+                              "--cache-dir", str(tmp_path / "c")]) == 1  # not 10^8 bytes
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "has 1,300 bytes, not the 100,000,000 of enwik8" in err
+    monkeypatch.setattr(enwik8, "ENWIK8_BYTES", 1300)  # a small stand-in for the real file
     assert prepare_data.main(["enwik8", "--source", str(tmp_path / "enwik8"),
                               "--cache-dir", str(tmp_path / "c")]) == 0
     assert "train 1,170, valid 65, test 65 tokens" in capsys.readouterr().out

@@ -4,9 +4,10 @@ the Enwik8 rows, bits per character; REFERENCE.md "Datasets": first 90M / next 5
 
 Source: the `enwik8` file, `enwik8.zip` (http://mattmahoney.net/dc/enwik8.zip), or a
 directory holding either; with `source: ""` a prepared cache, else <cache_dir>/raw/enwik8.
-A file of exactly 100,000,000 bytes is split at the exact byte counts; any other length (a
-truncated copy, a test fixture) by the same fractions, 0.9 / 0.05 / rest, rounded down.
-The ids are cached as uint8 so that runs (and data-parallel ranks) share one memmap.
+The file must be exactly 100,000,000 bytes (any other file is refused, before it is cached:
+a wrong --source would otherwise train on it); it is split 0.9 / 0.05 / rest, i.e. at
+90M / 5M / 5M. The ids are cached as uint8 so that runs (and data-parallel ranks) share
+one memmap.
 """
 from __future__ import annotations
 
@@ -18,7 +19,14 @@ import numpy as np
 
 from framework.data import DATASETS
 from framework.data.base import DataError, TokenData, bytes_to_ids
-from framework.data.cache import ArrayWriter, Entry, Source, files_fingerprint, load_or_prepare
+from framework.data.cache import (
+    ArrayWriter,
+    Entry,
+    Source,
+    files_fingerprint,
+    load_or_prepare,
+    prepare_command,
+)
 
 ENWIK8_BYTES = 100_000_000
 SPLITS = ("train", "valid", "test")
@@ -31,11 +39,19 @@ class Enwik8Config:
 
 
 def split_sizes(n: int) -> tuple[int, int, int]:
-    """(train, valid, test) byte counts: 90M / 5M / 5M for the real file."""
-    if n == ENWIK8_BYTES:
-        return 90_000_000, 5_000_000, 5_000_000
-    train, valid = int(n * 0.9), int(n * 0.05)
+    """(train, valid, test) byte counts: 90M / 5M / 5M for the real file (integer
+    arithmetic: exact, and independent of ENWIK8_BYTES, which tests lower)."""
+    train, valid = n * 9 // 10, n // 20
     return train, valid, n - train - valid
+
+
+def check_size(n: int, what: str) -> None:
+    """enwik8 has exactly ENWIK8_BYTES bytes: anything else is another file."""
+    if n != ENWIK8_BYTES:
+        raise DataError(
+            f"enwik8: {what} has {n:,} bytes, not the {ENWIK8_BYTES:,} of enwik8; download "
+            f"http://mattmahoney.net/dc/enwik8.zip and prepare it with "
+            f"`{prepare_command('enwik8', '/path/to/enwik8.zip')}`")
 
 
 def read_bytes(path: Path) -> bytes:
@@ -45,7 +61,9 @@ def read_bytes(path: Path) -> bytes:
             member = "enwik8" if "enwik8" in names else names[0] if len(names) == 1 else None
             if member is None:
                 raise DataError(f"enwik8: {path} holds {names}, none of them named enwik8")
+            check_size(z.getinfo(member).file_size, f"{path}:{member}")  # before unpacking
             return z.read(member)
+    check_size(path.stat().st_size, str(path))
     return path.read_bytes()
 
 
@@ -73,9 +91,12 @@ class Enwik8:
 
     @staticmethod
     def entry(cfg: Enwik8Config) -> Entry:
-        return load_or_prepare("enwik8", cfg, {"dataset": "enwik8", "split": "90M/5M/5M"},
-                               "enwik8 file or enwik8.zip", locate, build, ("enwik8",
-                               "enwik8.zip"))
+        e = load_or_prepare("enwik8", cfg, {"dataset": "enwik8", "split": "90M/5M/5M"},
+                            "enwik8 file or enwik8.zip", locate, build, ("enwik8",
+                            "enwik8.zip"))
+        # a cache prepared from another file before the size check existed
+        check_size(e.manifest["bytes"], f"the cache {e.path}")
+        return e
 
     @staticmethod
     def load(cfg: Enwik8Config) -> TokenData:
