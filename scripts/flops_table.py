@@ -51,3 +51,8 @@ def config_relative_flops(cfg: dict[str, Any], include_selector: bool = False) -
 def format_percent(x: float | None) -> str:
     """The paper's format: one decimal, ties to even (6.25% -> 6.2%, as in the paper)."""
     return "—" if x is None else f"{100 * x:.1f}%"
+
+
+if __name__ == "__main__":  # a library without a CLI: say which script prints the table
+    sys.exit("error: scripts/flops_table.py is a library; print the FLOPs table with "
+             "`python scripts/paper_tables.py --table flops`")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import re
 import statistics
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -151,3 +152,8 @@ def ours_text(values: list[float], metric: str, pm: str = " ± ") -> str:
     mean, std = mean_std(values)
     text = fmt_metric(mean, metric) + ("" if std is None else pm + fmt_metric(std, metric))
     return text + (f" (n={len(values)})" if len(values) > 1 else "")
+
+
+if __name__ == "__main__":  # a library without a CLI: say which scripts read the runs
+    sys.exit("error: scripts/run_results.py is a library; print the results with "
+             "`python scripts/paper_tables.py` or `python scripts/mini_claims.py`")

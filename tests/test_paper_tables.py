@@ -1,5 +1,6 @@
 """The paper's tables from run directories, the FLOPs table, the benchmark figures (issue 7)."""
 import json
+import runpy
 import shutil
 import statistics
 import sys
@@ -213,6 +214,18 @@ def test_flops_table_equals_the_papers(tmp_path):
     with_sel = ffn_flops(moe, include_selection=True) / ffn_flops(DenseConfig(412, 16, 2048))
     assert with_sel == pytest.approx((2 * 412 * 512 + 16 * 412) / (2 * 412 * 2048))
     assert ffn_flops(dense) == 2 * (2 * 412 * 2053)  # FLOPs = 2 x multiply-adds
+
+
+@pytest.mark.parametrize("library, use", [
+    ("flops_table", "scripts/paper_tables.py --table flops"),
+    ("run_results", "scripts/paper_tables.py` or `python scripts/mini_claims.py"),
+])
+def test_running_a_library_module_names_the_script_to_use(library, use, monkeypatch):
+    monkeypatch.setattr(sys, "argv", [f"{library}.py", "--help"])
+    with pytest.raises(SystemExit) as e:  # not a silent exit 0, whatever the arguments
+        runpy.run_path(str(ROOT / "scripts" / f"{library}.py"), run_name="__main__")
+    assert f"scripts/{library}.py is a library" in e.value.code and use in e.value.code
+    assert "\n" not in e.value.code
 
 
 def test_real_experiment_files_give_the_papers_flops():
