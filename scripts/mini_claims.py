@@ -35,7 +35,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from scripts.run_results import by_experiment, find_runs, fmt_metric, ours_text  # noqa: E402
+from scripts.run_results import (  # noqa: E402
+    by_experiment,
+    find_runs,
+    fmt_metric,
+    ours_text,
+    run_roots,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 T_MIN = 2.0  # |t| needed for "beats"
@@ -295,13 +301,15 @@ def report(exp_dir: Path, roots: list[Path], all_overrides: bool = False) -> str
 
 def main(argv: list[str] | None = None) -> str:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--runs", type=Path, nargs="+", default=[Path("runs/sweeps/mini")],
-                    help="root directories searched recursively for results.json")
+    ap.add_argument("--runs", type=Path, nargs="+",
+                    help="root directories searched recursively for results.json "
+                         "(default: runs/sweeps/mini)")
     ap.add_argument("--exp-dir", type=Path, default=ROOT / "configs" / "exp")
     ap.add_argument("--all-overrides", action="store_true",
                     help="count runs with overrides besides trainer.seed too")
     args = ap.parse_args(argv)
-    text = report(args.exp_dir, args.runs, args.all_overrides)
+    text = report(args.exp_dir, run_roots(args.runs, Path("runs/sweeps/mini")),
+                  args.all_overrides)
     print(text, end="")
     return text
 

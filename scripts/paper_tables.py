@@ -41,6 +41,7 @@ from scripts.run_results import (  # noqa: E402
     find_runs,
     fmt_metric,
     ours_text,
+    run_roots,
     wandb_runs,
 )
 
@@ -359,8 +360,9 @@ def main(argv: list[str] | None = None) -> str:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--exp-dir", type=Path, default=ROOT / "configs" / "exp")
-    ap.add_argument("--runs", type=Path, nargs="+", default=[Path("runs")],
-                    help="root directories searched recursively for results.json")
+    ap.add_argument("--runs", type=Path, nargs="+",
+                    help="root directories searched recursively for results.json "
+                         "(default: runs)")
     ap.add_argument("--wandb", metavar="ENTITY/PROJECT", help="also read finished wandb runs")
     ap.add_argument("--table", choices=ALL_TABLES, help="print only this table")
     ap.add_argument("--format", choices=("markdown", "latex"), default="markdown")
@@ -373,6 +375,7 @@ def main(argv: list[str] | None = None) -> str:
     args = ap.parse_args(argv)
     if not args.exp_dir.is_dir():
         ap.error(f"--exp-dir {args.exp_dir} is not a directory")
+    args.runs = run_roots(args.runs, Path("runs"))
     if args.mini:
         from scripts.mini_claims import report
 

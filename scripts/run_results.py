@@ -73,6 +73,15 @@ def _other_config(run_dir: Path | None, name: str, all_overrides: bool,
     return Skipped(where or run_dir, name, ",".join(extra))
 
 
+def run_roots(given: list[Path] | None, default: Path) -> list[Path]:
+    """The --runs roots: each given one must be a directory (a typo would list every run as
+    missing); the default may not exist yet (nothing has run: the tables say what to run)."""
+    for root in given or ():
+        if not root.is_dir():
+            sys.exit(f"error: --runs {root} is not a directory")
+    return given or [default]
+
+
 def find_runs(roots: list[Path], all_overrides: bool = False) -> tuple[list[Run], list[Skipped]]:
     """Every finished run under `roots`; also the ones left out, with why."""
     runs, skipped = [], []

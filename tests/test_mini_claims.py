@@ -117,6 +117,15 @@ def test_report_from_run_directories(tmp_path):
     assert "9.000" not in text  # the run with other overrides is left out
 
 
+
+def test_runs_must_exist_unless_the_default(tmp_path, monkeypatch):
+    with pytest.raises(SystemExit) as e:  # a typo: not every run listed as missing
+        mini_claims.main(["--runs", str(tmp_path / "nope")])
+    assert e.value.code == f"error: --runs {tmp_path / 'nope'} is not a directory"
+    monkeypatch.chdir(tmp_path)  # the default runs/sweeps/mini need not exist yet
+    assert "mini_enwik_dense" in mini_claims.main([]).split("Missing runs:")[1]
+
+
 # -- the experiments and the sweep -------------------------------------------------------------
 def test_every_variant_on_both_datasets():
     assert MINI == sorted(mini_claims.exp_name(d, v) for d in mini_claims.DATASETS

@@ -216,6 +216,17 @@ def test_flops_table_equals_the_papers(tmp_path):
     assert ffn_flops(dense) == 2 * (2 * 412 * 2053)  # FLOPs = 2 x multiply-adds
 
 
+def test_runs_must_exist_unless_the_default(tmp_path, monkeypatch, capsys):
+    for mini in ([], ["--mini"]):
+        with pytest.raises(SystemExit) as e:  # a typo: not every run listed as missing
+            paper_tables.main(["--runs", str(tmp_path), str(tmp_path / "nope"), *mini])
+        assert e.value.code == f"error: --runs {tmp_path / 'nope'} is not a directory"
+    # the default runs/ need not exist yet: nothing has run, the tables say what to run
+    paper_grid(tmp_path / "exp")
+    monkeypatch.chdir(tmp_path)
+    assert "Tab. flops_detailed" in paper_tables.main(["--exp-dir", "exp", "--table", "flops"])
+
+
 @pytest.mark.parametrize("library, use", [
     ("flops_table", "scripts/paper_tables.py --table flops"),
     ("run_results", "scripts/paper_tables.py` or `python scripts/mini_claims.py"),
