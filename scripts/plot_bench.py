@@ -126,11 +126,22 @@ def main(argv: list[str] | None = None) -> list[Path]:
     ap.add_argument("bench_json", type=Path)
     ap.add_argument("--out", type=Path, help="default: the JSON file's directory")
     args = ap.parse_args(argv)
-    meta, records = records_of(json.loads(args.bench_json.read_text()))
+    try:
+        data = json.loads(args.bench_json.read_text())
+    except OSError as e:
+        raise SystemExit(f"error: {args.bench_json}: {e.strerror}") from None
+    except ValueError as e:  # not JSON (a binary file too: UnicodeDecodeError)
+        raise SystemExit(f"error: {args.bench_json} is not JSON: {e}") from None
+    try:
+        meta, records = records_of(data)
+        by_sweep = series(records)
+    except (KeyError, TypeError, ValueError, AttributeError) as e:  # a key or value is off
+        raise SystemExit(f"error: {args.bench_json} is neither bench_moe.py's JSON nor a list "
+                         f"of records: {type(e).__name__} {e}") from None
     mem = {str(r["sweep"]): r.get("mem_kind", "peak") for r in records}
     out = args.out or args.bench_json.parent
     out.mkdir(parents=True, exist_ok=True)
-    paths = [p for sweep, variants in series(records).items()
+    paths = [p for sweep, variants in by_sweep.items()
              for p in plot(sweep, variants, meta, out, mem[sweep], caption(sweep, records))]
     print(f"wrote {len(paths)} files to {out}")
     return paths

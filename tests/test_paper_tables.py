@@ -239,6 +239,21 @@ def test_running_a_library_module_names_the_script_to_use(library, use, monkeypa
     assert "\n" not in e.value.code
 
 
+def test_benchmark_figures_of_a_bad_file(tmp_path):
+    path = tmp_path / "bench.json"
+    bad = {"missing": "No such file", "{": "is not JSON",  # a line, not a traceback
+           json.dumps({"sweeps": {"n_experts": [{"d_model": 8}]}}): "KeyError 'results'",
+           json.dumps([{"sweep": "s", "x": "big", "variant": "v", "ms": 1, "peak_mb": 1}]):
+           "ValueError could not convert"}
+    for text, why in bad.items():
+        if text != "missing":
+            path.write_text(text)
+        with pytest.raises(SystemExit) as e:
+            plot_bench.main([str(path), "--out", str(tmp_path / "fig")])
+        assert e.value.code.startswith(f"error: {path}") and why in e.value.code
+        assert "\n" not in e.value.code
+
+
 def test_real_experiment_files_give_the_papers_flops():
     """Once configs/exp/ holds the paper's runs: their FLOPs equal Tab. flops_detailed."""
     exps = paper_tables.load_experiments(ROOT / "configs" / "exp")
