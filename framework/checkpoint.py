@@ -3,7 +3,9 @@
 A checkpoint is written to a temp file in the run directory, fsynced, then renamed, so a
 kill at any moment leaves either the old or the new file, never half of one. A sha256
 sidecar (written the same way, after the checkpoint) lets `load_latest` detect a
-truncated/corrupt file and fall back to the previous one with a one-line warning.
+truncated/corrupt file and fall back to the previous one with a one-line warning. A
+checkpoint without its sidecar (killed between the two renames, or copied alone) is whole
+by the same argument and loads unverified.
 """
 from __future__ import annotations
 
@@ -101,9 +103,7 @@ class CheckpointError(RuntimeError):
 
 def load_checkpoint(path: Path) -> dict[str, Any]:
     sidecar = path.with_suffix(".pt.sha256")
-    if not sidecar.exists():
-        raise CheckpointError(f"{path.name}: no checksum file (write interrupted)")
-    if _sha256(path) != sidecar.read_text().strip():
+    if sidecar.exists() and _sha256(path) != sidecar.read_text().strip():
         raise CheckpointError(f"{path.name}: checksum mismatch (truncated or corrupt)")
     try:
         return torch.load(path, map_location="cpu", weights_only=False)
@@ -112,7 +112,8 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
 
 
 def load_latest(run_dir: Path, warn=print, repair: bool = False) -> dict[str, Any] | None:
-    """The newest checkpoint that verifies and loads; bad ones are reported and skipped.
+    """The newest checkpoint that verifies and loads (None if none does); bad ones are
+    reported and skipped.
 
     repair: for the one process that writes this run directory (training, rank 0). It
     removes temp files of killed writes and moves checkpoints that fail to load aside

@@ -179,6 +179,6 @@ def handle_errors():
         print(f"error: {e}", file=sys.stderr)
         sys.exit(1)
     except KeyboardInterrupt:
-        print("interrupted; rerun the same command to resume from the last checkpoint",
-              file=sys.stderr)
+        print("interrupted; rerunning the same command resumes from the last checkpoint, if "
+              "one was written", file=sys.stderr)
         sys.exit(130)

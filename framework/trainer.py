@@ -29,6 +29,7 @@ from tqdm import tqdm
 from framework.checkpoint import (
     CheckpointError,
     checkpoint_path,
+    list_checkpoints,
     load_checkpoint,
     load_latest,
     save_checkpoint,
@@ -196,7 +197,11 @@ class Trainer:
         # rank 0 picks the checkpoint (and moves broken ones aside); the others load that one
         state = None
         if self.is_main:
+            found = len(list_checkpoints(self.run_dir))
             state = load_latest(self.run_dir, warn=lambda m: tqdm.write(m), repair=True)
+            if state is None and found:
+                tqdm.write(f"warning: none of the {found} checkpoints in {self.run_dir} loads "
+                           f"(kept as *.pt.bad): training starts over from step 0")
         step = broadcast_from_main(None if state is None else int(state["step"]))
         if step is None:
             return False
@@ -271,6 +276,13 @@ class Trainer:
     def _on_signal(self, signum, frame) -> None:
         self._signal = signum
 
+    def _on_interrupt(self, signum, frame) -> None:
+        """Ctrl-C: finish the step, checkpoint, stop; a second Ctrl-C stops at once."""
+        self._signal = signum
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        tqdm.write("interrupted: stopping after this step with a checkpoint (Ctrl-C again to "
+                   "stop at once, losing the steps since the last checkpoint)")
+
     def _preempted(self) -> bool:
         """Whether any rank got a preemption signal (collective under DDP: all agree)."""
         if self.dist.enabled:
@@ -284,6 +296,8 @@ class Trainer:
         for name in cfg.preempt_signals:
             sig = getattr(signal, name)
             previous[sig] = signal.signal(sig, self._on_signal)
+        if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # no one else's
+            previous[signal.SIGINT] = signal.signal(signal.SIGINT, self._on_interrupt)
         try:
             self._fit()
         finally:

@@ -136,6 +136,47 @@ def test_sigterm_checkpoints_and_rerun_resumes(tmp_path, reference):
     assert rc == 0 and "resumed from step" in out + err, err
 
 
+def test_ctrl_c_checkpoints_after_the_step_and_rerun_resumes(tmp_path, reference):
+    """SIGINT before the first periodic checkpoint: the steps done are not lost."""
+    proc = cli(tmp_path / "run", "trainer.ckpt_every=1000", wait=False)
+    wait_for_step(tmp_path / "run", 3, proc)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert "interrupted: stopping after this step with a checkpoint" in out + err
+    assert "SIGINT at step" in out + err
+    (ckpt,) = list_checkpoints(tmp_path / "run")
+    assert 3 <= int(ckpt.stem.split("_")[1]) < 10
+    rc, out, err = cli(tmp_path / "run", "trainer.ckpt_every=1000")
+    assert rc == 0 and "resumed from step" in out + err, err
+    same_results(tmp_path / "run", reference)
+
+
+def test_a_checkpoint_without_its_checksum_is_used(tmp_path):
+    """Killed between the checkpoint's rename and its checksum's, or copied without it: the
+    file is whole (fsynced before the rename), so it is resumed from, not moved aside."""
+    save_checkpoint(tmp_path, 10, {"step": 10})
+    (tmp_path / "checkpoint_00000010.pt.sha256").unlink()
+    assert load_latest(tmp_path, repair=True) == {"step": 10}
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["checkpoint_00000010.pt"]
+
+
+def test_no_loadable_checkpoint_eval_stops_and_training_starts_over_saying_so(tmp_path,
+                                                                              capsys):
+    cfg = compose_cfg([*OVERRIDES, "trainer.steps=2"])
+    RUN(cfg, tmp_path)
+    (tmp_path / "results.json").unlink()
+    (ckpt,) = list_checkpoints(tmp_path)
+    ckpt.write_bytes(ckpt.read_bytes()[:1000])
+    with pytest.raises(ConfigError, match="mode=eval: none of the 1 checkpoints in .* loads"):
+        RUN({**cfg, "mode": "eval"}, tmp_path)
+    RUN(cfg, tmp_path)
+    out = capsys.readouterr().out
+    assert f"none of the 1 checkpoints in {tmp_path} loads (kept as *.pt.bad): training " \
+           "starts over from step 0" in out
+    assert (tmp_path / "checkpoint_00000002.pt.bad").exists()
+
+
 def test_corrupt_checkpoint_falls_back_to_previous(tmp_path, capsys):
     cfg = compose_cfg([*OVERRIDES, "trainer.steps=4"])
     RUN(cfg, tmp_path)
@@ -166,9 +207,9 @@ def test_pruning_keeps_the_newest(tmp_path, keep):
 
 
 def test_a_broken_newer_checkpoint_is_moved_aside_not_counted_when_pruning(tmp_path):
-    """Killed between the rename and the checksum: the newest file has no sidecar. Resuming
-    moves it aside; left in place it was the "newest" when pruning and, with keep=1, the
-    next save deleted both the checkpoint resumed from and itself."""
+    """A newer checkpoint that does not load (garbage, no sidecar). Resuming moves it aside;
+    left in place it was the "newest" when pruning and, with keep=1, the next save deleted
+    both the checkpoint resumed from and itself."""
     save_checkpoint(tmp_path, 10, {"step": 10}, keep=1)
     (tmp_path / "checkpoint_00000020.pt").write_bytes(b"renamed, checksum never written")
     (tmp_path / ".checkpoint_00000030.pt.x.tmp").write_bytes(b"a write in progress")
