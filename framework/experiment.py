@@ -39,6 +39,41 @@ def run_hashes(cfg: dict[str, Any]) -> tuple[str, ...]:
     return (config_hash(cfg), *(config_hash(cfg, v) for v in EARLIER_VOLATILE_TRAINER))
 
 
+# What an evaluation of a trained run may set differently: how it evaluates, not what was
+# trained (mode=eval checks the rest against the run's config.yaml)
+EVAL_FREE = (*VOLATILE, "name", "trainer", "ffn.backend", "task.eval_mem_segments",
+             "task.eval_batch_size", "task.val_segments", "task.final_segments")
+
+
+def _flat(node: Any, key: str = "") -> dict[str, Any]:
+    """{"a.b": leaf} of a nested dict."""
+    if not isinstance(node, dict) or not node:
+        return {key: node}
+    return {k: v for name, child in node.items()
+            for k, v in _flat(child, f"{key}.{name}" if key else str(name)).items()}
+
+
+def check_trained_as(run_dir: Path, cfg: dict[str, Any]) -> None:
+    """mode=eval: the config must describe the model the run trained (its config.yaml), up
+    to the EVAL_FREE keys; an evaluation of another model would be filed under this run."""
+    from omegaconf import OmegaConf
+
+    path = run_dir / "config.yaml"
+    if not path.exists():
+        return
+    saved, now = _flat(OmegaConf.to_container(OmegaConf.load(path))), _flat(cfg)
+    free = lambda k: any(k == f or k.startswith(f + ".") for f in EVAL_FREE)  # noqa: E731
+    diff = sorted(k for k in saved.keys() | now.keys()
+                  if not free(k) and saved.get(k, "<unset>") != now.get(k, "<unset>"))
+    if diff:
+        k = diff[0]
+        more = f" (and {len(diff) - 1} more keys)" if len(diff) > 1 else ""
+        raise ConfigError(
+            f"mode=eval: {run_dir} was trained with {k}={saved.get(k, '<unset>')}, not "
+            f"{now.get(k, '<unset>')}{more}; evaluate it with the experiment and overrides "
+            f"it was trained with")
+
+
 def check_writable(run_dir: Path, min_free_mb: int = 100) -> None:
     """Fail before any training if the run directory cannot hold checkpoints."""
     try:

@@ -21,9 +21,20 @@ from framework.checkpoint import atomic_write_bytes, list_checkpoints, load_late
 from framework.config import ConfigError, from_dict
 from framework.data import DATASETS
 from framework.distributed import init_distributed
-from framework.experiment import check_writable, run_hashes, write_results
+from framework.experiment import (
+    check_trained_as,
+    check_writable,
+    run_hashes,
+    write_results,
+)
 from framework.loggers import LoggerConfig, RunLogger
-from framework.trainer import Trainer, TrainerConfig, resolve_device, seed_everything
+from framework.trainer import (
+    Trainer,
+    TrainerConfig,
+    resolve_device,
+    resolve_precision,
+    seed_everything,
+)
 from models.ffn.experts import ExpertsConfig
 from models.flops import ffn_flops, relative_ffn_flops
 from models.transformer_xl import TransformerXL, n_params
@@ -71,6 +82,7 @@ def run(cfg: dict[str, Any], run_dir: Path) -> dict[str, Any] | None:
     data = load_data(cfg)
     model_cfg = build_model_config(cfg, data.vocab_size)
     device = resolve_device(trainer_cfg.device)
+    check_backend(model_cfg, device, resolve_precision(trainer_cfg.precision, device))
     dist_info = init_distributed(device.type)
     if device.type == "cuda" and dist_info.enabled:  # init_distributed made it current
         device = torch.device("cuda", dist_info.local_rank)
@@ -102,9 +114,13 @@ def run(cfg: dict[str, Any], run_dir: Path) -> dict[str, Any] | None:
         if mode == "train":
             trainer.fit()
         else:
+            check_trained_as(run_dir, cfg)
+            found = len(list_checkpoints(run_dir))
             state = load_latest(run_dir, warn=tqdm.write)
             if state is None:
-                raise ConfigError(f"mode=eval: no checkpoint in {run_dir}; train this run first")
+                raise ConfigError(f"mode=eval: none of the {found} checkpoints in {run_dir} "
+                                  f"loads (see the warnings above)" if found else
+                                  f"mode=eval: no checkpoint in {run_dir}; train this run first")
             model.load_state_dict(state["model"])
             trainer.step = int(state["step"])
         train_s = time.perf_counter() - start
@@ -135,6 +151,22 @@ def run(cfg: dict[str, Any], run_dir: Path) -> dict[str, Any] | None:
         return results
     finally:
         logger.close()
+
+
+def check_backend(model_cfg, device: torch.device, dtype: torch.dtype) -> None:
+    """A fixed ffn.backend that cannot run here stops before anything is written (the layer
+    would only fail in its first forward, with a traceback)."""
+    ffn = model_cfg.ffn
+    if not isinstance(ffn, ExpertsConfig) or ffn.backend == "auto":
+        return
+    import kernels
+
+    x_TD = torch.empty(1, ffn.d_model, device=device, dtype=dtype)
+    w1_EDG = torch.empty(1, ffn.d_model, ffn.expert_size, device=device, dtype=dtype)
+    problem = kernels.backend_problem(ffn.backend, x_TD, w1_EDG, ffn.hidden_dropout > 0)
+    if problem is not None:
+        raise ConfigError(f"ffn.backend={ffn.backend} cannot run on {device}: {problem}; "
+                          f"ffn.backend=auto picks one that can")
 
 
 def print_params(cfg: dict[str, Any]) -> dict[str, Any]:

@@ -38,6 +38,8 @@ def test_from_dict_is_strict():
         from_dict(SigmaMoEConfig, {**base, "k": "four"}, "ffn")
     with pytest.raises(ConfigError, match="not one of"):
         from_dict(SigmaMoEConfig, {**base, "selection": "relu"}, "ffn")
+    with pytest.raises(ConfigError, match="ffn.backend='trion' is not one of auto, triton"):
+        from_dict(SigmaMoEConfig, {**base, "backend": "trion"}, "ffn")
     assert from_dict(SigmaMoEConfig, {**base, "reg_gamma": 0}, "ffn").reg_gamma == 0.0
 
 
@@ -73,6 +75,14 @@ def test_cli_errors_are_one_line(tmp_path):
     out = run_cli("ffn.k=17", f"hydra.run.dir={tmp_path}/r2", cwd=tmp_path)
     assert out.returncode == 1 and "ffn.k=17 must be between 1 and ffn.n_experts=16" in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1 and not (tmp_path / "r2").exists()
+
+    # a backend this machine cannot run (no CUDA; or, under TRITON_INTERPRET, no dropout in
+    # the fused kernels) stops before the run starts, not in the first forward
+    out = run_cli("ffn.backend=triton", "ffn.hidden_dropout=0.1", f"hydra.run.dir={tmp_path}/r4",
+                  cwd=tmp_path)
+    assert out.returncode == 1 and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert "error: ffn.backend=triton cannot run on cpu: " in out.stderr
+    assert "ffn.backend=auto picks one that can" in out.stderr and not (tmp_path / "r4").exists()
 
 
 def test_cli_params_mode_prints_count(tmp_path):

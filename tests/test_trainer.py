@@ -92,6 +92,14 @@ def test_eval_mode_reevaluates_the_last_checkpoint(tmp_path):
     with pytest.raises(ConfigError, match="no checkpoint"):
         RUN({**cfg, "mode": "eval"}, tmp_path / "empty")
     assert not (tmp_path / "empty" / "config.yaml").exists()  # nothing that looks like a run
+    # how it evaluates may change; what was trained may not (its numbers would be filed
+    # under this run)
+    fewer = RUN({**cfg, "mode": "eval", "task": {**cfg["task"], "final_segments": 1}}, tmp_path)
+    assert fewer["steps"] == 3
+    before = (tmp_path / "eval_results.json").read_bytes()
+    with pytest.raises(ConfigError, match=r"was trained with ffn.k=2, not 1; evaluate it"):
+        RUN({**cfg, "mode": "eval", "ffn": {**cfg["ffn"], "k": 1}}, tmp_path)
+    assert (tmp_path / "eval_results.json").read_bytes() == before
 
 
 def test_wandb_offline_logs_into_the_run_dir(tmp_path, monkeypatch):

@@ -17,7 +17,7 @@ import torch
 import torch.nn as nn
 
 from framework.config import ConfigError
-from kernels import moe_mlp
+from kernels import BACKENDS, moe_mlp
 from models.ffn.base import FFN
 
 
@@ -49,6 +49,8 @@ class ExpertsConfig:
             )
         if self.expert_size <= 0:
             raise ConfigError(f"ffn.expert_size must be positive, got {self.expert_size}")
+        if self.backend not in BACKENDS:
+            raise ConfigError(f"ffn.backend={self.backend!r} is not one of {', '.join(BACKENDS)}")
 
 
 class ExpertsFFN(FFN):
