@@ -8,7 +8,7 @@ import sys
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from framework.cli import handle_errors, prepare_argv, prepare_run_dir
+from framework.cli import exit_if_jobs_failed, handle_errors, prepare_argv, prepare_run_dir
 from framework.experiment import remove_if_empty
 
 prepare_argv(sys.argv)
@@ -31,3 +31,4 @@ def main(cfg: DictConfig):
 
 if __name__ == "__main__":
     main()
+    exit_if_jobs_failed()

@@ -164,10 +164,27 @@ def _choose_run_dir(cfg: dict[str, Any], run_dir: Path) -> Path | None:
     return run_dir
 
 
+FAILED_JOBS: list[str] = []  # jobs of an in-process sweep that stopped with an error
+
+
+def _in_process_sweep_job() -> str | None:
+    """The job's overrides when it runs inside a local sweep (`-m`, basic launcher), where
+    exiting would end the sweep; None otherwise (a Slurm job must fail as itself)."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    hc = HydraConfig.get()
+    if hc.mode != RunMode.MULTIRUN or not hc.launcher._target_.endswith(".BasicLauncher"):
+        return None
+    return " ".join(hc.overrides.task) or f"#{hc.job.num}"
+
+
 @contextmanager
 def handle_errors():
     """Turn the errors a user can fix into one line on stderr and exit code 1 (run.py removes
-    the run directory the failed run left empty)."""
+    the run directory the failed run left empty). In a local sweep the job's line names it
+    and the sweep goes on (one diverged run must not cost the rest); run.py exits 1 at the
+    end (exit_if_jobs_failed)."""
     from framework.checkpoint import CheckpointError
     from framework.data import DataError
     from framework.registry import RegistryError
@@ -176,9 +193,21 @@ def handle_errors():
     try:
         yield
     except (ConfigError, DataError, RegistryError, CheckpointError, TrainingDiverged) as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(1)
+        job = _in_process_sweep_job()
+        if job is None:
+            print(f"error: {e}", file=sys.stderr)
+            sys.exit(1)
+        print(f"error: {e} [job {job}; the sweep goes on]", file=sys.stderr)
+        FAILED_JOBS.append(job)
     except KeyboardInterrupt:
         print("interrupted; rerunning the same command resumes from the last checkpoint, if "
               "one was written", file=sys.stderr)
         sys.exit(130)
+
+
+def exit_if_jobs_failed() -> None:
+    """After a local sweep: exit 1 naming the jobs that failed (each said why above)."""
+    if FAILED_JOBS:
+        print(f"error: {len(FAILED_JOBS)} job(s) of the sweep failed (see above): "
+              f"{'; '.join(FAILED_JOBS)}", file=sys.stderr)
+        sys.exit(1)

@@ -124,3 +124,20 @@ def test_multirun_through_submitit_local(tmp_path):
     assert out.returncode == 0, out.stderr[-2000:]
     params = yaml.safe_load(out.stdout)
     assert {e.strip() for e in params["+exp"].split(",")} == paper_tables()["moe"]
+
+
+def test_a_failing_job_does_not_end_a_local_sweep(tmp_path):
+    """mini_moe (K=4) cannot have 2 experts, the Switch variant (K=1) can: the sweep runs
+    both, names the failed job, and exits 1 at the end."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "run.py"), "-m", "+exp=mini_moe,mini_enwik_switch",
+         "ffn.n_experts=2", "mode=params"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1, out.stderr[-2000:]
+    assert "mini_enwik_switch: 0.65M parameters" in out.stdout  # the job after the failed one
+    assert out.stderr.strip().splitlines() == [
+        "error: ffn.k=4 must be between 1 and ffn.n_experts=2: lower ffn.k or raise "
+        "ffn.n_experts [job +exp=mini_moe ffn.n_experts=2 mode=params; the sweep goes on]",
+        "error: 1 job(s) of the sweep failed (see above): +exp=mini_moe ffn.n_experts=2 "
+        "mode=params"]
