@@ -70,12 +70,59 @@ def prepare_argv(argv: list[str]) -> None:
     # (-cp/-cn/-cd are among `inspect`'s "-c" options)
     own_config = any(a.startswith(("--config", "-sc", "--shell", "--experimental"))
                      or "hydra.searchpath" in a for a in argv[1:])
-    if not multirun and not sweep and not inspect and not own_config:
+    if not inspect and not own_config:
+        plain = [a for a in argv[1:] if not a.startswith("-")]
         try:
-            check_overrides([a for a in argv[1:] if not a.startswith("-")])
+            if multirun or sweep:
+                check_sweep_overrides(plain)
+            else:
+                check_overrides(plain)
         except ConfigError as e:
             print(f"error: {e}", file=sys.stderr)
             sys.exit(1)
+
+
+def sweep_experiments(sweep: str) -> list[str]:
+    """The experiments that configs/sweep/<sweep>.yaml sweeps over."""
+    path = CONFIGS / "sweep" / f"{sweep}.yaml"
+    if not path.exists():
+        return []
+    params = OmegaConf.select(OmegaConf.load(path), "hydra.sweeper.params", default={}) or {}
+    return [n.strip() for n in str(params.get("+exp", "")).split(",") if n.strip()]
+
+
+def check_sweep_overrides(overrides: list[str]) -> None:
+    """check_overrides for a sweep: its plain overrides (no sweep syntax) against each of its
+    experiments, so that a typo stops it with one line naming the experiment (Hydra's answer
+    has several lines and names none). Overrides with sweep syntax are left to Hydra."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parser = OverridesParser.create()
+    exps: list[str] = []
+    sweeps: list[str] = []
+    plain: list[str] = []
+    for o in overrides:
+        key, _, value = o.partition("=")
+        key = key.lstrip("+~")
+        if key == "exp":
+            exps += [n.strip() for n in value.split(",")]
+        elif key == "sweep":
+            sweeps.append(o)
+        elif not key.startswith("hydra"):
+            try:
+                if not parser.parse_override(o).is_sweep_override():
+                    plain.append(o)
+            except Exception:  # not an override Hydra can parse: Hydra itself says why
+                pass
+    if not plain:
+        return
+    if not exps:  # the sweep file's list (+exp= on the command line replaces it)
+        exps = [e for o in sweeps for e in sweep_experiments(o.partition("=")[2])]
+    for name in dict.fromkeys(exps):
+        try:
+            check_overrides([*sweeps, f"+exp={name}", *plain])
+        except ConfigError as e:
+            raise ConfigError(f"{e} (in the sweep's jobs of +exp={name})") from None
 
 
 def check_overrides(overrides: list[str]) -> None:

@@ -76,6 +76,13 @@ def test_cli_errors_are_one_line(tmp_path):
     assert out.returncode == 1 and "ffn.k=17 must be between 1 and ffn.n_experts=16" in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1 and not (tmp_path / "r2").exists()
 
+    # a sweep: its plain overrides are checked against each of its experiments
+    out = run_cli("-m", "+exp=mini_moe,mini_dense", "ffn.k=2", "trainer.seed=range(2)",
+                  "mode=params", f"hydra.sweep.dir={tmp_path}/s1", cwd=tmp_path)
+    assert out.returncode == 1 and out.stderr.strip() == (
+        "error: unknown config key 'ffn.k' (in the sweep's jobs of +exp=mini_dense)")
+    assert not (tmp_path / "s1").exists()
+
     # a backend this machine cannot run (no CUDA; or, under TRITON_INTERPRET, no dropout in
     # the fused kernels) stops before the run starts, not in the first forward
     out = run_cli("ffn.backend=triton", "ffn.hidden_dropout=0.1", f"hydra.run.dir={tmp_path}/r4",
