@@ -145,6 +145,9 @@ def check_overrides(overrides: list[str]) -> None:
                 first += f" (available: {', '.join(opts)})"
             raise ConfigError(first) from None
         key = bad[1]
+        if key in ("exp", "sweep"):  # groups with no default: selected with a '+'
+            raise ConfigError(f"write +{key}=NAME, with a '+' (the config has no default "
+                              f"{key} to override)") from None
         group, _, leaf = key.rpartition(".")
         known: list[str] = []
         try:  # the keys next to it, for a suggestion (a second bad key: no suggestion)

@@ -76,6 +76,10 @@ def test_cli_errors_are_one_line(tmp_path):
     assert out.returncode == 1 and "ffn.k=17 must be between 1 and ffn.n_experts=16" in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1 and not (tmp_path / "r2").exists()
 
+    out = run_cli("exp=mini_moe", "mode=params", cwd=tmp_path)
+    assert out.returncode == 1 and out.stderr.strip() == (
+        "error: write +exp=NAME, with a '+' (the config has no default exp to override)")
+
     # a sweep: its plain overrides are checked against each of its experiments
     out = run_cli("-m", "+exp=mini_moe,mini_dense", "ffn.k=2", "trainer.seed=range(2)",
                   "mode=params", f"hydra.sweep.dir={tmp_path}/s1", cwd=tmp_path)
