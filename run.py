@@ -1,4 +1,4 @@
-"""Entry point: `python run.py [+exp=NAME] [overrides]` (DESIGN.md "How data flows").
+"""Entry point: `python run.py [+exp=NAME] [overrides]` (docs/DESIGN.md "How data flows").
 
 With no `+exp=`, the main job `+exp=mini_moe` runs. Errors a user can fix (config typos,
 missing data, bad checkpoints, divergence) end with one line and exit code 1.

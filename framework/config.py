@@ -1,6 +1,6 @@
 """Strict conversion of config mappings into each component's frozen dataclass `Config`.
 
-DESIGN.md, "Configs": every component is validated by its dataclass; an unknown or
+docs/DESIGN.md, "Configs": every component is validated by its dataclass; an unknown or
 mistyped key is an error that names the key (and the closest known one).
 """
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Optimizer and learning-rate schedule of the paper (App. B; REFERENCE.md "Training").
+"""Optimizer and learning-rate schedule of the paper (App. B; docs/REFERENCE.md "Training").
 
 Adam (PyTorch defaults: betas 0.9/0.999, eps 1e-8), lr 2.5e-4, cosine decay to 0 over the
 run, optional linear warmup (4000 steps for the d_model=1024 models).
@@ -22,6 +22,6 @@ def lr_factor(step: int, total: int, warmup: int, schedule: str) -> float:
 
 def build_optimizer(model: torch.nn.Module, lr: float, betas: tuple[float, float], eps: float,
                     weight_decay: float) -> torch.optim.Optimizer:
-    # Weight decay 0 by default (the paper's Adam); MoE weights never get any (REFERENCE.md).
+    # Weight decay 0 by default (the paper's Adam); MoE weights never get any (docs/REFERENCE.md).
     return torch.optim.AdamW(model.parameters(), lr=lr, betas=betas, eps=eps,
                              weight_decay=weight_decay)

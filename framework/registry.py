@@ -1,4 +1,4 @@
-"""A small generic name -> object registry (DESIGN.md, "Registries").
+"""A small generic name -> object registry (docs/DESIGN.md, "Registries").
 
 The registry name is also the config file name, the `kind:` value and the wandb tag, so a
 failed lookup lists what exists and suggests the closest names.

@@ -1,4 +1,4 @@
-"""The training loop (REFERENCE.md "Training"): model-agnostic, driven by a task.
+"""The training loop (docs/REFERENCE.md "Training"): model-agnostic, driven by a task.
 
 The task owns data, memory and loss; the trainer owns the optimizer, schedule, precision,
 clipping, accumulation, validation schedule, checkpoints and resume. A task provides:

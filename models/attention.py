@@ -1,4 +1,4 @@
-"""Transformer-XL relative multi-head attention (Dai et al. 2019, Sec. 3.3; REFERENCE.md).
+"""Transformer-XL relative multi-head attention (Dai et al. 2019, Sec. 3.3; docs/REFERENCE.md).
 
     score(i, j) = scale * [ (q_i + u)^T k_j + (q_i + v)^T R_{i-j} ]
 

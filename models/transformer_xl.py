@@ -1,4 +1,4 @@
-"""Pre-LN Transformer-XL language model (paper Sec. 5 / App. B; REFERENCE.md "Model").
+"""Pre-LN Transformer-XL language model (paper Sec. 5 / App. B; docs/REFERENCE.md "Model").
 
     x = x + drop(attn(LN1(x), mem));  x = x + drop(ffn(LN2(x)))
 
@@ -65,7 +65,7 @@ class TransformerXL(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.embedding = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        # as the authors' code (pre-LN: Xavier-uniform, no sqrt(d_model) scale; REFERENCE.md
+        # as the authors' code (pre-LN: Xavier-uniform, no sqrt(d_model) scale; docs/REFERENCE.md
         # is silent): nn.Embedding's N(0, 1) would dwarf the layers' updates of the residual
         nn.init.xavier_uniform_(self.embedding.weight)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))

@@ -1,4 +1,4 @@
-"""Prepare one dataset's cache ahead of a run (REFERENCE.md, "Datasets"; DESIGN.md, data flow).
+"""Prepare one dataset's cache ahead of a run (docs/REFERENCE.md "Datasets"; docs/DESIGN.md).
 
     python scripts/prepare_data.py wt103 --source /data/wikitext-103
     python scripts/prepare_data.py enwik8 --source /data/enwik8.zip --cache-dir /scratch/cache

@@ -3,7 +3,7 @@
 Training reads `batch_size` contiguous streams in segments of `context` tokens with one
 segment of memory; the final evaluation (paper's test numbers) reads valid and test with
 4 segments of memory and batch size 4. Metric: bits/char for byte data (enwik8), perplexity
-per SentencePiece token for subword data (REFERENCE.md "Metrics").
+per SentencePiece token for subword data (docs/REFERENCE.md "Metrics").
 """
 from __future__ import annotations
 

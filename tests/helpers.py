@@ -37,7 +37,7 @@ def compose_cfg(overrides: list[str], exp: str = "mini_moe") -> dict[str, Any]:
     return OmegaConf.to_container(cfg, resolve=True)
 
 
-BYTE_VOCAB = {"enwik8": 205, "enwik_mini": 205}  # REFERENCE.md: the distinct bytes of enwik8
+BYTE_VOCAB = {"enwik8": 205, "enwik_mini": 205}  # docs/REFERENCE.md: the distinct bytes of enwik8
 
 
 @functools.cache

@@ -1,4 +1,4 @@
-"""What each dataset of issue 5 yields (REFERENCE.md, "Datasets"): exact split boundaries,
+"""What each dataset of issue 5 yields (docs/REFERENCE.md, "Datasets"): exact split boundaries,
 line/document handling, the training-token limit, the embedded `wikitext_mini` corpus and
 `scripts/prepare_data.py`. WikiText-103, enwik8, C4 and peS2o are checked on local fixtures
 shaped like the originals; nothing is downloaded."""

@@ -66,10 +66,10 @@ TABLES = {
 # topk: 4 + 5 + 4; new_results: 4 x 4)
 CELLS = {"dense": 4, "moe": 14, "ablation": 73, "pkm": 18, "topk": 13, "c4_pes2o": 16}
 
-# REFERENCE.md's finer parameter counts behind the paper's rounded ones (millions)
+# docs/REFERENCE.md's finer parameter counts behind the paper's rounded ones (millions)
 FINE_PARAMS_M = {47: 47.3, 41: 41.2, 262: 262.5, 237: 237.5, 238: 237.5}
 
-# MoE-specific hyperparameters of the main rows (REFERENCE.md "Hyperparameters per paper row"):
+# MoE-specific hyperparameters of the main rows (docs/REFERENCE.md "Hyperparameters per paper row"):
 # N_E, G, K, delta, gamma. WT-B's delta is the authors' 0.1 (Tab. moe_hyper: 0.2).
 MOE_HYPER = {
     "wt103_small": (16, 128, 4, 0.0, 1e-3), "wt103_star": (128, 128, 4, 0.05, 1e-3),
@@ -124,7 +124,7 @@ def paper_pct(x: float) -> float:
 
 
 def params_by_formula(m) -> int:
-    """The model's parameter count written out (REFERENCE.md "Model"), independent of the
+    """The model's parameter count written out (docs/REFERENCE.md "Model"), independent of the
     modules: embedding, per layer attention (Q, K, V, positions, output; u, v; the scale)
     + 2 LayerNorms + the FFN block, the final LayerNorm and the output layer with bias."""
     D, inner, f = m.d_model, m.n_heads * m.head_dim, m.ffn
@@ -209,7 +209,7 @@ def test_experiment_composes_builds_and_is_well_formed(name):
         elif variant == "switch":
             assert ffn.hidden_dropout == (0.0 if ablation.endswith("_nodrop") else dropout)
             assert (ffn.balance_coef, ffn.capacity_factor, ffn.init) == (0.01, 0.0, "standard")
-        else:  # S-BASE: regularizer and expert dropout as the row's sigma-MoE (REFERENCE.md)
+        else:  # S-BASE: regularizer and expert dropout as the row's sigma-MoE (docs/REFERENCE.md)
             assert (ffn.expert_dropout, ffn.reg_gamma, ffn.sinkhorn_iters) == (delta, gamma, 3)
 
     if paper["params_m"] is not None:

@@ -1,5 +1,5 @@
 """configs/ffn/*.yaml: each composes into its variant's Config, and the WT-S / WT-B sizes
-match the dense baseline's parameter count (REFERENCE.md: within 1%)."""
+match the dense baseline's parameter count (docs/REFERENCE.md: within 1%)."""
 from __future__ import annotations
 
 from pathlib import Path

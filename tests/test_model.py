@@ -1,4 +1,4 @@
-"""Transformer-XL: memory equivalence, causality, relative shift and init (REFERENCE.md)."""
+"""Transformer-XL: memory equivalence, causality, relative shift and init (docs/REFERENCE.md)."""
 import math
 
 import pytest

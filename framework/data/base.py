@@ -1,4 +1,4 @@
-"""Token data and the Transformer-XL batching of REFERENCE.md ("Batching").
+"""Token data and the Transformer-XL batching of docs/REFERENCE.md ("Batching").
 
 A split's token stream is cut into `batch_size` contiguous streams read sequentially in
 segments (no shuffling), so the model's memory carries across steps. Under data

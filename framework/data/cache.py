@@ -1,4 +1,4 @@
-"""The prepared-data cache of the downloaded datasets (REFERENCE.md, "Datasets": "token ids
+"""The prepared-data cache of the downloaded datasets (docs/REFERENCE.md, "Datasets": "token ids
 cached as a uint16 memmap keyed by a hash of the settings").
 
 Layout, one directory per (settings, source) pair:

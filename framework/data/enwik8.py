@@ -1,5 +1,5 @@
 """`enwik8`: the first 10^8 bytes of an English Wikipedia XML dump, bytes as tokens (paper:
-the Enwik8 rows, bits per character; REFERENCE.md "Datasets": first 90M / next 5M / last 5M;
+the Enwik8 rows, bits per character; docs/REFERENCE.md "Datasets": first 90M / next 5M / last 5M;
 "Metrics": vocabulary = the distinct bytes of the data, about 205).
 
 Source: the `enwik8` file, `enwik8.zip` (http://mattmahoney.net/dc/enwik8.zip), or a

@@ -1,4 +1,4 @@
-"""`enwik_mini`: enwik8-style byte-level data that runs anywhere (DESIGN.md, "Embedded data").
+"""`enwik_mini`: enwik8-style byte-level data that runs anywhere (docs/DESIGN.md, "Embedded data").
 
 The bytes of the shortened Wikipedia XML dump that the `gensim` wheel ships as test data
 (6.1 MB decompressed, the same kind of bytes as enwik8), split 90/5/5 contiguously like

@@ -1,5 +1,5 @@
 """`c4` and `pes2o`: web text and scientific papers, streamed shard by shard (paper: the C4
-and peS2o rows of tab:new_results, trained for 100k steps, not an epoch; REFERENCE.md
+and peS2o rows of tab:new_results, trained for 100k steps, not an epoch; docs/REFERENCE.md
 "Datasets": each document followed by a separator, BPE 8000 trained on the first shards,
 train limited to the tokens that training needs, validation = the first ~0.5% of the
 validation split; the paper reports that `valid`).
@@ -38,7 +38,7 @@ from framework.data.cache import (
 )
 from framework.data.subword import SpmSettings, build_subword, check_vocab_size, resolve_num_proc
 
-# 100k steps x batch 64 x context 512: the largest C4/peS2o run of the paper (REFERENCE.md,
+# 100k steps x batch 64 x context 512: the largest C4/peS2o run of the paper (docs/REFERENCE.md,
 # "big" rows); the "small" rows (context 256) need half. Experiment configs set their own.
 DEFAULT_TRAIN_TOKENS = train_tokens_for(100_000, 64, 512)
 

@@ -1,4 +1,4 @@
-"""The SentencePiece pipeline shared by the subword datasets (REFERENCE.md, "Datasets" and
+"""The SentencePiece pipeline shared by the subword datasets (docs/REFERENCE.md, "Datasets" and
 "Metrics": BPE with 8000 pieces, split_digits on, trained on the train split; perplexity is
 per SentencePiece token).
 

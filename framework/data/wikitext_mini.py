@@ -1,5 +1,5 @@
-"""`wikitext_mini`: a WikiText-style subword corpus that runs anywhere (DESIGN.md, "Embedded
-data"), the stand-in for WikiText-103 (paper: the WikiText-103 rows; REFERENCE.md "Metrics":
+"""`wikitext_mini`: a WikiText-style subword corpus that runs anywhere (docs/DESIGN.md, "Embedded
+data"), the stand-in for WikiText-103 (paper: the WikiText-103 rows; docs/REFERENCE.md "Metrics":
 perplexity per SentencePiece token, here with a smaller vocabulary).
 
 The articles of the Wikipedia XML that the `gensim` wheel ships (the bytes `enwik_mini`

@@ -1,5 +1,5 @@
 """`wt103`: WikiText-103 with an 8000-piece SentencePiece BPE vocabulary (paper: the
-WikiText-103 rows of its tables; REFERENCE.md "Datasets" and "Metrics": subword perplexity).
+WikiText-103 rows of its tables; docs/REFERENCE.md "Datasets" and "Metrics": subword perplexity).
 
 Source: the tokenized v1 release (wiki.train.tokens / wiki.valid.tokens / wiki.test.tokens,
 with its `<unk>` and `@-@` left as text) as a directory, its `wikitext-103/` parent, or

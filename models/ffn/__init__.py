@@ -1,7 +1,7 @@
 """Feedforward variants, one per file; `FFNS` maps the config `kind` to the module class.
 
 Each class carries its frozen dataclass as `Cls.Config`. Registration happens by the
-explicit imports below (DESIGN.md: no scanning).
+explicit imports below (docs/DESIGN.md: no scanning).
 """
 from framework.registry import Registry
 

@@ -101,7 +101,7 @@ def entropy_regularizer(logits_TE: torch.Tensor) -> torch.Tensor:
 
     p = mean_t softmax(logits_t), computed in log space (logsumexp_t log p_t - log |B|);
     L = sum_e p[e] log p[e]. The softmax is used even when routing uses a sigmoid
-    (REFERENCE.md). Averaged over all data-parallel workers' tokens.
+    (docs/REFERENCE.md). Averaged over all data-parallel workers' tokens.
     """
     logp_TE = F.log_softmax(logits_TE.float(), dim=-1)
     logp_E = torch.logsumexp(logp_TE, dim=0) - math.log(logits_TE.shape[0])
@@ -110,5 +110,5 @@ def entropy_regularizer(logits_TE: torch.Tensor) -> torch.Tensor:
 
 
 def trunc_normal_(w: torch.Tensor, std: float) -> torch.Tensor:
-    """Truncated normal at +-2 std, the init family of REFERENCE.md."""
+    """Truncated normal at +-2 std, the init family of docs/REFERENCE.md."""
     return nn.init.trunc_normal_(w, std=std, a=-2 * std, b=2 * std)

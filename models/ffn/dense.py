@@ -20,7 +20,7 @@ class DenseConfig:
     d_model: int
     n_layers: int
     d_ff: int
-    dropout: float = 0.0  # on the hidden layer u (REFERENCE.md, "Dropout")
+    dropout: float = 0.0  # on the hidden layer u (docs/REFERENCE.md, "Dropout")
 
     def __post_init__(self) -> None:
         if self.d_ff <= 0:

@@ -5,7 +5,7 @@
 Variants differ only in `select` (scores -> chosen experts and their weights) and the
 regularizer they add; the expert computation is one call to `kernels.moe_mlp`.
 Parameters: w1_EDG [N_E, d_model, G] (keys), w2_EGD [N_E, G, d_model] (values),
-w3_ED [N_E, d_model] (selector). No biases, no weight decay (REFERENCE.md).
+w3_ED [N_E, d_model] (selector). No biases, no weight decay (docs/REFERENCE.md).
 """
 from __future__ import annotations
 

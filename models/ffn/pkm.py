@@ -15,7 +15,7 @@ the keys get gradients. Values are an embedding bag of n^2 rows (F.embedding_bag
 When k >= n_subkeys (every row of the paper: 46..89 sub-keys, k=128) the top-k of each
 half is the whole half. The authors' code then skips top-k entirely: it scores all n^2
 values, *summing* the heads' tables, and applies act over those n^2 scores
-(`dense_when_k_covers: true`). The default follows REFERENCE.md instead: the per-half
+(`dense_when_k_covers: true`). The default follows docs/REFERENCE.md instead: the per-half
 top-k is clamped to n and the top-min(k, n^2) sums are kept per head.
 No dropout inside the layer (App. `sec:hyperparams`).
 """
