@@ -114,10 +114,17 @@ def fresh_dir(run_dir: Path) -> Path:
     return candidate
 
 
-def remove_if_empty(run_dir: Path) -> None:
-    """Remove a run directory that a failed start left empty (no fake-looking runs)."""
-    try:
-        if run_dir.is_dir() and not any(run_dir.iterdir()):
-            os.rmdir(run_dir)
-    except OSError:
-        pass
+def remove_if_empty(run_dir: Path, up_to: Path | None = None) -> None:
+    """Remove a run directory that a failed start left empty (no fake-looking runs), and
+    its parents that are empty then, below `up_to` (the ones Hydra made for it)."""
+    d, stop = run_dir.resolve(), None if up_to is None else up_to.resolve()
+    while True:
+        try:
+            if not d.is_dir() or any(d.iterdir()):
+                return
+            os.rmdir(d)
+        except OSError:
+            return
+        d = d.parent
+        if stop is None or stop not in d.parents:
+            return

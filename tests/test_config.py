@@ -15,8 +15,8 @@ from tests.helpers import compose_cfg
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def run_cli(*args, cwd=ROOT, timeout=120):
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+def run_cli(*args, cwd=ROOT, timeout=120, **env_vars):
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **env_vars}
     return subprocess.run([sys.executable, str(ROOT / "run.py"), *args], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=timeout)
 
@@ -94,6 +94,14 @@ def test_cli_errors_are_one_line(tmp_path):
     assert out.returncode == 1 and len(out.stderr.strip().splitlines()) == 1, out.stderr
     assert "error: ffn.backend=triton cannot run on cpu: " in out.stderr
     assert "ffn.backend=auto picks one that can" in out.stderr and not (tmp_path / "r4").exists()
+
+
+def test_a_failed_start_leaves_no_directories(tmp_path):
+    """Missing data: one line, and neither the run dir nor the runs/NAME/ above it stays."""
+    out = run_cli("+exp=e8_moe", "trainer.steps=3", cwd=tmp_path,
+                  SIGMA_MOE_CACHE=str(tmp_path / "cache"))
+    assert out.returncode == 1 and "prepare_data.py enwik8" in out.stderr, out.stderr
+    assert not (tmp_path / "runs").exists()
 
 
 def test_cli_params_mode_prints_count(tmp_path):
