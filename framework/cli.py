@@ -223,6 +223,8 @@ def _in_process_sweep_job() -> str | None:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
+    if not HydraConfig.initialized():
+        return None
     hc = HydraConfig.get()
     if hc.mode != RunMode.MULTIRUN or not hc.launcher._target_.endswith(".BasicLauncher"):
         return None
