@@ -358,11 +358,17 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, list[str]]:
         args.reps = args.reps or (20 if cuda else 3)
         return args
 
-    args = resolved(p.parse_args(argv))
-    defaults = resolved(p.parse_args(["--device", args.device]))
-    changed = ["--" + k.replace("_", "-") for k, v in vars(args).items()
-               if k not in NOT_RESULTS and v != getattr(defaults, k)]
-    return args, changed
+    return parse_with_defaults(p, argv, resolved, NOT_RESULTS)
+
+
+def parse_with_defaults(parser, argv, resolved, not_results
+                        ) -> tuple[argparse.Namespace, list[str]]:
+    """-> (arguments resolved for their device, the flags whose values differ from that
+    device's defaults, except `not_results`). Also used by scripts/bench_train.py."""
+    args = resolved(parser.parse_args(argv))
+    defaults = resolved(parser.parse_args(["--device", args.device]))
+    return args, ["--" + k.replace("_", "-") for k, v in vars(args).items()
+                  if k not in not_results and v != getattr(defaults, k)]
 
 
 def out_path(name: str, changed: list[str]) -> Path:

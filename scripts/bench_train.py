@@ -29,7 +29,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from models.ffn.dense import DenseConfig  # noqa: E402
 from models.ffn.sigma_moe import SigmaMoEConfig  # noqa: E402
 from models.transformer_xl import TransformerXL, TransformerXLConfig, n_params  # noqa: E402
-from scripts.bench_moe import DTYPES, device_slug, out_path, sync  # noqa: E402
+from scripts.bench_moe import (  # noqa: E402
+    DTYPES,
+    device_slug,
+    out_path,
+    parse_with_defaults,
+    sync,
+)
 
 # name: (d_model, layers, heads, head_dim, ctx, batch, vocab, dense d_ff, N_E, G, K)
 SHAPES = {
@@ -150,11 +156,7 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, list[str]]:
         args.dtype = args.dtype or ("bf16" if cuda else "fp32")
         return args
 
-    args = resolved(ap.parse_args(argv))
-    defaults = resolved(ap.parse_args(["--device", args.device]))
-    changed = ["--" + k for k, v in vars(args).items()
-               if k not in NOT_RESULTS and v != getattr(defaults, k)]
-    return args, changed
+    return parse_with_defaults(ap, argv, resolved, NOT_RESULTS)
 
 
 def main(argv=None) -> dict:
