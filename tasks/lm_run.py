@@ -17,6 +17,7 @@ from omegaconf import OmegaConf
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
+import kernels
 from framework.checkpoint import atomic_write_bytes, list_checkpoints, load_latest
 from framework.config import ConfigError, from_dict
 from framework.data import DATASETS
@@ -77,6 +78,8 @@ def run(cfg: dict[str, Any], run_dir: Path) -> dict[str, Any] | None:
         raise ConfigError(f"mode={mode!r} is not one of train, eval, params")
     if mode == "params":
         return print_params(cfg)
+    if mode == "eval":  # before the data loads and the logger starts: it only reads
+        check_trained_as(run_dir, cfg)
 
     reset_peak_rss()
     data = load_data(cfg)
@@ -114,7 +117,6 @@ def run(cfg: dict[str, Any], run_dir: Path) -> dict[str, Any] | None:
         if mode == "train":
             trainer.fit()
         else:
-            check_trained_as(run_dir, cfg)
             found = len(list_checkpoints(run_dir))
             state = load_latest(run_dir, warn=tqdm.write)
             if state is None:
@@ -159,8 +161,6 @@ def check_backend(model_cfg, device: torch.device, dtype: torch.dtype) -> None:
     ffn = model_cfg.ffn
     if not isinstance(ffn, ExpertsConfig) or ffn.backend == "auto":
         return
-    import kernels
-
     x_TD = torch.empty(1, ffn.d_model, device=device, dtype=dtype)
     w1_EDG = torch.empty(1, ffn.d_model, ffn.expert_size, device=device, dtype=dtype)
     problem = kernels.backend_problem(ffn.backend, x_TD, w1_EDG, ffn.hidden_dropout > 0)
