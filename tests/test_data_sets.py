@@ -8,6 +8,8 @@ import gzip
 import json
 import random
 import sys
+import urllib.error
+import urllib.request
 import zipfile
 from pathlib import Path
 
@@ -16,7 +18,7 @@ import pytest
 import sentencepiece as spm
 
 from framework.config import from_dict
-from framework.data import DATASETS, DataError, enwik8, subword
+from framework.data import DATASETS, DataError, enwik8, hf_stream, subword
 from framework.data.base import bytes_to_ids
 from framework.data.enwik8 import Enwik8, Enwik8Config, split_sizes
 from framework.data.hf_stream import C4, C4Config, Pes2o, Pes2oConfig
@@ -228,6 +230,7 @@ def test_pes2o_layout_and_offline_message(tmp_path, monkeypatch):
 
     fake.load_dataset = offline
     monkeypatch.setitem(sys.modules, "datasets", fake)
+    monkeypatch.setattr(hf_stream, "hub_problem", lambda endpoint: None)  # the hub answers
     with pytest.raises(DataError) as e:
         Pes2o.load(Pes2oConfig(cache_dir=str(tmp_path / "empty")))
     msg = str(e.value)
@@ -241,6 +244,37 @@ def test_pes2o_layout_and_offline_message(tmp_path, monkeypatch):
     msg = str(e.value)
     assert "\n" not in msg and msg.startswith("wt103: could not stream Salesforce/wikitext")
     assert "prepare_data.py wt103 --source /path/to/wikitext-103" in msg
+
+
+def test_unreachable_hub_fails_at_once(tmp_path, monkeypatch):
+    """No network: one request decides, `datasets` is not asked (it retries for ~25 s)."""
+    def no_network(request, timeout):
+        raise urllib.error.URLError(OSError(-2, "Name or service not known"))
+
+    fake = type(sys)("datasets")
+    fake.load_dataset = lambda *a, **k: pytest.fail("load_dataset called with no hub")
+    monkeypatch.setitem(sys.modules, "datasets", fake)
+    monkeypatch.setattr(urllib.request, "urlopen", no_network)
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", False)
+    hf_stream.hub_problem.cache_clear()
+    try:
+        with pytest.raises(DataError) as e:
+            C4.load(C4Config(cache_dir=str(tmp_path)))
+    finally:
+        hf_stream.hub_problem.cache_clear()
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith("c4: could not stream allenai/c4")
+    assert "https://huggingface.co is unreachable" in msg and "Name or service" in msg
+    assert "python scripts/prepare_data.py c4 --source" in msg
+    # an HTTP error status is an answer: the hub is reachable
+    def forbidden(request, timeout):
+        raise urllib.error.HTTPError(request.full_url, 403, "Forbidden", {}, None)
+
+    monkeypatch.setattr(urllib.request, "urlopen", forbidden)
+    try:
+        assert hf_stream.hub_problem("https://example.invalid") is None
+    finally:
+        hf_stream.hub_problem.cache_clear()
 
 
 def test_wikitext_mini_size_and_vocab(tmp_path):

@@ -19,9 +19,12 @@ held-out set that is not the paper's); `train` = the first `train_tokens` traini
 """
 from __future__ import annotations
 
+import functools
 import gzip
 import itertools
 import json
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -93,6 +96,20 @@ class Pes2oConfig(StreamConfig):
     valid_docs: int = 813
 
 
+@functools.cache
+def hub_problem(endpoint: str) -> str | None:
+    """Why `endpoint` cannot be reached, or None: one HEAD request (10 s, through any
+    https_proxy). With no network `datasets` retries for ~25 s, a warning per try, before
+    failing; this fails at once. Any HTTP answer, even an error status, means reachable."""
+    try:
+        urllib.request.urlopen(urllib.request.Request(endpoint, method="HEAD"), timeout=10)
+    except urllib.error.HTTPError:
+        return None
+    except (OSError, ValueError) as e:  # URLError, timeouts, a malformed HF_ENDPOINT
+        return f"{endpoint} is unreachable: {getattr(e, 'reason', e)}"
+    return None
+
+
 def hf_texts(name: str, repo: str, split: str = "train", data_files: str | None = None,
              config: str | None = None, field: str = "text",
              local: str = "") -> Iterator[str]:
@@ -101,7 +118,10 @@ def hf_texts(name: str, repo: str, split: str = "train", data_files: str | None 
     the repo)."""
     try:
         from datasets import load_dataset
+        from huggingface_hub import constants
 
+        if not constants.HF_HUB_OFFLINE and (problem := hub_problem(constants.ENDPOINT)):
+            raise ConnectionError(problem)
         if data_files is not None:
             ds = load_dataset("json", data_files=f"hf://datasets/{repo}/{data_files}",
                               split="train", streaming=True)
