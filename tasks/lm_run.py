@@ -77,7 +77,7 @@ def run(cfg: dict[str, Any], run_dir: Path) -> dict[str, Any] | None:
     if mode not in ("train", "eval", "params"):
         raise ConfigError(f"mode={mode!r} is not one of train, eval, params")
     if mode == "params":
-        return print_params(cfg)
+        return print_params(cfg, run_dir)
     if mode == "eval":  # before the data loads and the logger starts: it only reads
         check_trained_as(run_dir, cfg)
 
@@ -169,15 +169,19 @@ def check_backend(model_cfg, device: torch.device, dtype: torch.dtype) -> None:
                           f"ffn.backend=auto picks one that can")
 
 
-def print_params(cfg: dict[str, Any]) -> dict[str, Any]:
-    """Parameter count of an experiment without allocating it (meta device)."""
+def print_params(cfg: dict[str, Any], run_dir: Path | None = None) -> dict[str, Any]:
+    """Parameter count of an experiment without allocating it (meta device). The line
+    names the run directory when it is not the experiment's own (overrides, sweep jobs)."""
     vocab = _vocab_of(cfg)
     model_cfg = build_model_config(cfg, vocab)
     with torch.device("meta"):
         model = TransformerXL(model_cfg)
     out = {"n_params": n_params(model), "ffn_param_share": ffn_param_share(model),
            "vocab_size": vocab, "ffn_flops_per_token": ffn_flops(model_cfg.ffn)}
-    line = (f"{cfg.get('name')}: {out['n_params'] / 1e6:.2f}M parameters "
+    label = cfg.get("name")
+    if run_dir is not None and run_dir.name != label:
+        label = f"{label} [{run_dir.name}]"
+    line = (f"{label}: {out['n_params'] / 1e6:.2f}M parameters "
             f"(FFN {100 * out['ffn_param_share']:.1f}%), vocab {vocab}, "
             f"FFN {out['ffn_flops_per_token'] / 1e6:.2f} MFLOPs/token/layer")
     if isinstance(model_cfg.ffn, ExpertsConfig):

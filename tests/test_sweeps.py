@@ -115,7 +115,7 @@ def test_multirun_through_submitit_local(tmp_path):
     # mode=params writes nothing, so its (empty) run directory is removed again
     assert not [p for p in sweep.glob("*/*") if not p.parts[-2].startswith(".")]
     logs = "".join(p.read_text() for p in (sweep / ".submitit").rglob("*_log.out"))
-    assert "e8_moe: 41.24M parameters" in logs
+    assert "e8_moe [trainer.seed=1]: 41.24M parameters" in logs  # names the job
 
     # --cfg cannot go with -m in Hydra 1.3; without it, it shows the sweep's settings
     out = subprocess.run([*run, "+sweep=moe", "hydra/launcher=submitit_local", "--cfg", "hydra",
@@ -135,7 +135,8 @@ def test_a_failing_job_does_not_end_a_local_sweep(tmp_path):
          "ffn.n_experts=2", "mode=params"],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 1, out.stderr[-2000:]
-    assert "mini_enwik_switch: 0.65M parameters" in out.stdout  # the job after the failed one
+    # the job after the failed one ran
+    assert "mini_enwik_switch [ffn.n_experts=2]: 0.65M parameters" in out.stdout
     assert out.stderr.strip().splitlines() == [
         "error: ffn.k=4 must be between 1 and ffn.n_experts=2: lower ffn.k or raise "
         "ffn.n_experts [job +exp=mini_moe ffn.n_experts=2 mode=params; the sweep goes on]",
