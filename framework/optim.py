@@ -22,6 +22,7 @@ def lr_factor(step: int, total: int, warmup: int, schedule: str) -> float:
 
 def build_optimizer(model: torch.nn.Module, lr: float, betas: tuple[float, float], eps: float,
                     weight_decay: float) -> torch.optim.Optimizer:
-    # Weight decay 0 by default (the paper's Adam); MoE weights never get any (docs/REFERENCE.md).
+    # Weight decay 0 by default: the paper's Adam, and no decay on MoE weights (docs/REFERENCE.md).
+    # A nonzero trainer.weight_decay applies to every parameter alike, MoE weights included.
     return torch.optim.AdamW(model.parameters(), lr=lr, betas=betas, eps=eps,
                              weight_decay=weight_decay)

@@ -107,6 +107,8 @@ class LMTask:
             with self.train_model.no_sync() if ddp and i < n_micro - 1 else nullcontext():
                 logits, mems_out = self.train_model(x_BT[rows], mems)
             ce = F.cross_entropy(logits.float().flatten(0, 1), y_BT[rows].flatten())
+            # the regularizers see this micro-batch's tokens (with grad_accum > 1 not the
+            # whole batch's, as in the authors' code, which splits the same way)
             reg = self.model.pop_loss()
             loss = ce if reg is None else ce + reg
             new_mems.append(mems_out)
