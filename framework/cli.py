@@ -13,7 +13,7 @@ from omegaconf import OmegaConf
 
 from framework.checkpoint import list_checkpoints
 from framework.config import ConfigError
-from framework.experiment import fresh_dir, read_results, run_hashes
+from framework.experiment import fresh_dir, read_results, run_hashes, unfinished_fresh_run
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 DEFAULT_EXP = "mini_moe"
@@ -198,6 +198,10 @@ def choose_run_dir(cfg: dict[str, Any], run_dir: Path) -> Path | None:
 def _choose_run_dir(cfg: dict[str, Any], run_dir: Path) -> Path | None:
     done = read_results(run_dir)
     if cfg.get("fresh") and (done is not None or list_checkpoints(run_dir)):
+        if (again := unfinished_fresh_run(run_dir, cfg)) is not None:
+            print(f"fresh=true: {run_dir} is kept; resuming the unfinished run that an "
+                  f"earlier fresh=true started in {again}")
+            return again
         new = fresh_dir(run_dir)
         print(f"fresh=true: {run_dir} is kept; starting a new run in {new}")
         new.mkdir(parents=True)
@@ -209,8 +213,9 @@ def _choose_run_dir(cfg: dict[str, Any], run_dir: Path) -> Path | None:
                   f"{done['valid'][metric]:.4f}, test {metric} {done['test'][metric]:.4f}; "
                   f"results in {run_dir / 'results.json'} (fresh=true starts a new run)")
             return None
-        raise ConfigError(f"{run_dir} holds a finished run with another config; "
-                          f"pass fresh=true or hydra.run.dir=<new dir>")
+        raise ConfigError(f"{run_dir} holds a finished run with another config; pass "
+                          f"fresh=true (a new sibling directory) or choose another directory "
+                          f"(hydra.run.dir; in a sweep, hydra.sweep.dir)")
     return run_dir
 
 

@@ -7,6 +7,7 @@ retrained unless `fresh=true`, which starts over in a new sibling directory.
 """
 from __future__ import annotations
 
+import glob
 import hashlib
 import json
 import os
@@ -106,12 +107,37 @@ def write_results(run_dir: Path, results: dict[str, Any], name: str = "results.j
     return path
 
 
+def _fresh_siblings(run_dir: Path) -> list[Path]:
+    """run_dir-2, run_dir-3, ... that exist, oldest (lowest number) first."""
+    numbered = ((p, p.name[len(run_dir.name) + 1:]) for p in run_dir.parent.glob(
+        f"{glob.escape(run_dir.name)}-*"))
+    return [p for p, n in sorted(((p, int(n)) for p, n in numbered if n.isdigit()),
+                                 key=lambda pn: pn[1])]
+
+
 def fresh_dir(run_dir: Path) -> Path:
-    """The first free sibling run_dir-2, -3, ... (fresh=true never overwrites a run)."""
-    i = 2
-    while (candidate := run_dir.with_name(f"{run_dir.name}-{i}")).exists():
-        i += 1
-    return candidate
+    """A new sibling run_dir-N, N above every existing one (fresh=true never overwrites a
+    run, and the highest N is always the newest)."""
+    siblings = _fresh_siblings(run_dir)
+    last = int(siblings[-1].name.rsplit("-", 1)[1]) if siblings else 1
+    return run_dir.with_name(f"{run_dir.name}-{last + 1}")
+
+
+def unfinished_fresh_run(run_dir: Path, cfg: dict[str, Any]) -> Path | None:
+    """The newest fresh=true sibling when it has not finished and trains this config (its
+    config.yaml): rerunning an interrupted or requeued fresh=true command resumes it
+    instead of starting yet another run."""
+    from omegaconf import OmegaConf
+
+    siblings = _fresh_siblings(run_dir)
+    if not siblings or (siblings[-1] / "results.json").exists():
+        return None
+    saved = siblings[-1] / "config.yaml"
+    try:
+        same = config_hash(OmegaConf.to_container(OmegaConf.load(saved))) in run_hashes(cfg)
+    except (OSError, ValueError):  # no config.yaml (yet), or an unreadable one
+        return None
+    return siblings[-1] if same else None
 
 
 def remove_if_empty(run_dir: Path, up_to: Path | None = None) -> None:

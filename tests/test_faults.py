@@ -356,6 +356,33 @@ def test_finished_run_is_not_retrained_and_fresh_starts_anew(tmp_path, reference
     assert (run_dir / "results.json").stat().st_mtime_ns == before
 
 
+def test_fresh_resumes_its_own_unfinished_run(tmp_path):
+    """An interrupted (or requeued) fresh=true command resumes the sibling it started, as
+    the interrupt message says; a finished sibling or one of another config gets a new one."""
+    from omegaconf import OmegaConf
+
+    from framework.cli import choose_run_dir
+    from framework.experiment import config_hash, write_results
+
+    cfg = {**compose_cfg([*OVERRIDES, "trainer.steps=2"]), "fresh": True}
+    run = tmp_path / "run"
+    done = {"config_hash": config_hash(cfg), "metric": "bpc", "valid": {"bpc": 1.0},
+            "test": {"bpc": 1.0}}
+    run.mkdir()
+    write_results(run, done)
+    assert choose_run_dir(cfg, run) == tmp_path / "run-2"  # created, empty
+    OmegaConf.save(OmegaConf.create(cfg), tmp_path / "run-2" / "config.yaml")  # as lm_run
+    assert choose_run_dir(cfg, run) == tmp_path / "run-2"  # unfinished: resumed
+    other = {**cfg, "trainer": {**cfg["trainer"], "lr": 0.01}}
+    assert choose_run_dir(other, run) == tmp_path / "run-3"  # another config: a new run
+    OmegaConf.save(OmegaConf.create(other), tmp_path / "run-3" / "config.yaml")
+    write_results(tmp_path / "run-3", done)
+    (tmp_path / "run-2").rename(tmp_path / "run-2-old")
+    assert choose_run_dir(cfg, run) == tmp_path / "run-4"  # the newest finished: after it
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run", "run-2-old", "run-3",
+                                                          "run-4"]
+
+
 def test_same_seed_same_losses(tmp_path):
     cfg = compose_cfg([*OVERRIDES, "trainer.steps=3"])
     RUN(cfg, tmp_path / "a")
