@@ -158,13 +158,15 @@ class Trainer:
                                          cfg.weight_decay)
         self.scaler = torch.amp.GradScaler(device.type, enabled=self.amp_dtype == torch.float16)
         self.step = 0
+        self.train_seconds = 0.0  # wall time of fit() up to self.step, over every resume
 
     # -- state ---------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         return {"step": self.step, "model": self.model.state_dict(),
                 "optimizer": self.optimizer.state_dict(), "scaler": self.scaler.state_dict(),
                 "task": self.task.state_dict(), "rng": all_gather_object(rng_state()),
-                "config_hash": self.config_hash, "metrics_bytes": self.logger.size()}
+                "config_hash": self.config_hash, "metrics_bytes": self.logger.size(),
+                "train_seconds": self.train_seconds}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.model.load_state_dict(state["model"])
@@ -173,6 +175,7 @@ class Trainer:
         self.task.load_state_dict(state["task"])
         rngs = state["rng"]  # one per rank
         self.step = int(state["step"])
+        self.train_seconds = float(state.get("train_seconds", 0.0))
         if self.dist.rank < len(rngs):
             set_rng_state(rngs[self.dist.rank])
         else:  # resumed on more ranks: a stream of its own (a copy of rank 0's would give
@@ -317,6 +320,7 @@ class Trainer:
         bar = tqdm(total=cfg.steps, initial=self.step, disable=not (self.is_main and cfg.progress),
                    dynamic_ncols=True, desc="train")
         t0, tokens = time.perf_counter(), 0
+        clock = t0  # the time of the steps redone after a resume counts once
         while self.step < cfg.steps:
             metrics = self.train_step()
             self.step += 1
@@ -333,6 +337,8 @@ class Trainer:
                 self.logger.log({f"valid/{k}": v for k, v in self.task.validate().items()},
                                 self.step)
                 self.model.train()
+            now = time.perf_counter()
+            self.train_seconds, clock = self.train_seconds + now - clock, now
             preempted = self._preempted()
             if self.step % cfg.ckpt_every == 0 or self.step == cfg.steps or preempted:
                 self.checkpoint()

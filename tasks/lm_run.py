@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import re
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -113,7 +112,6 @@ def run(cfg: dict[str, Any], run_dir: Path) -> dict[str, Any] | None:
     try:
         trainer = Trainer(trainer_cfg, task, run_dir, logger, device, dist_info,
                           run_hashes(cfg))
-        start = time.perf_counter()
         if mode == "train":
             trainer.fit()
         else:
@@ -125,11 +123,11 @@ def run(cfg: dict[str, Any], run_dir: Path) -> dict[str, Any] | None:
                                   f"mode=eval: no checkpoint in {run_dir}; train this run first")
             model.load_state_dict(state["model"])
             trainer.step = int(state["step"])
-        train_s = time.perf_counter() - start
+            trainer.train_seconds = float(state.get("train_seconds", 0.0))
         results: dict[str, Any] = {"name": cfg.get("name"), "metric": data.metric,
                                    "steps": trainer.step, "n_params": count,
                                    "config_hash": trainer.config_hash, "seed": trainer_cfg.seed,
-                                   "train_seconds": round(train_s, 1),
+                                   "train_seconds": round(trainer.train_seconds, 1),
                                    "peak_rss_mb": round(peak_rss_mb(), 1)}
         # Every rank evaluates the same streams (identical numbers); rank 0 writes them.
         for split in ("valid", "test"):

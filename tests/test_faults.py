@@ -132,8 +132,13 @@ def test_sigterm_checkpoints_and_rerun_resumes(tmp_path, reference):
     assert "SIGTERM at step" in out + err and "rerun the same command" in out + err
     (ckpt,) = list_checkpoints(tmp_path / "run")
     assert 3 <= int(ckpt.stem.split("_")[1]) < 10
+    trained = load_checkpoint(ckpt)["train_seconds"]
+    assert trained > 0
     rc, out, err = cli(tmp_path / "run", "trainer.ckpt_every=1000")
     assert rc == 0 and "resumed from step" in out + err, err
+    # the training time of both processes (the throughput tables divide by it)
+    assert json.loads((tmp_path / "run" / "results.json").read_text())["train_seconds"] > (
+        round(trained, 1))
 
 
 def test_ctrl_c_checkpoints_after_the_step_and_rerun_resumes(tmp_path, reference):
@@ -147,8 +152,13 @@ def test_ctrl_c_checkpoints_after_the_step_and_rerun_resumes(tmp_path, reference
     assert "SIGINT at step" in out + err
     (ckpt,) = list_checkpoints(tmp_path / "run")
     assert 3 <= int(ckpt.stem.split("_")[1]) < 10
+    trained = load_checkpoint(ckpt)["train_seconds"]
+    assert trained > 0
     rc, out, err = cli(tmp_path / "run", "trainer.ckpt_every=1000")
     assert rc == 0 and "resumed from step" in out + err, err
+    # the training time of both processes (the throughput tables divide by it)
+    assert json.loads((tmp_path / "run" / "results.json").read_text())["train_seconds"] > (
+        round(trained, 1))
     same_results(tmp_path / "run", reference)
 
 
