@@ -103,7 +103,10 @@ def run(cfg: dict[str, Any], run_dir: Path) -> dict[str, Any] | None:
             model, device_ids=[device.index] if device.type == "cuda" else None)
     task = LMTask(task_cfg, data, model, device, dist_info.rank, dist_info.world_size,
                   train_model)
-    logger = RunLogger(logger_cfg, run_dir, cfg, cfg.get("name", "run"), dist_info.is_main)
+    # an eval writes eval_results.json only: the run's metrics.jsonl (and its wandb run, with
+    # the training config) stay the training's record
+    logger = RunLogger(logger_cfg, run_dir, cfg, cfg.get("name", "run"),
+                       dist_info.is_main and mode == "train")
     count = n_params(model)
     if dist_info.is_main:
         tqdm.write(f"run {run_dir} | {cfg.get('name')} | {count / 1e6:.2f}M params | "

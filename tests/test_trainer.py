@@ -82,7 +82,9 @@ def test_eval_mode_reevaluates_the_last_checkpoint(tmp_path):
     cfg = compose_cfg([*TINY, *TINY_MOE, "trainer.steps=3", "trainer.ckpt_every=3"])
     trained = RUN(cfg, tmp_path)
     (tmp_path / "results.json").unlink()  # as if killed after its last checkpoint
+    log = (tmp_path / "metrics.jsonl").read_bytes()
     evaluated = RUN({**cfg, "mode": "eval"}, tmp_path)
+    assert (tmp_path / "metrics.jsonl").read_bytes() == log  # the training's record
     assert evaluated["steps"] == 3
     assert evaluated["valid"] == trained["valid"] and evaluated["test"] == trained["test"]
     assert json.loads((tmp_path / "eval_results.json").read_text())["test"] == trained["test"]
