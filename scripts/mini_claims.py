@@ -241,7 +241,7 @@ def render_results(c: Collected, rows: dict[str, str]) -> str:
         lines += ["", "Missing runs:",
                   f"- `python run.py -m +sweep=mini +exp={','.join(missing)}`"]
     if c.skipped:
-        lines += ["", "Not counted (other overrides):", *[f"- {s}" for s in c.skipped]]
+        lines += ["", "Not counted:", *[f"- {s}" for s in c.skipped]]
     return "\n".join(lines) + "\n"
 
 

@@ -384,9 +384,6 @@ def main(argv: list[str] | None = None) -> str:
         return text
     exps = load_experiments(args.exp_dir)
     runs, skipped = find_runs(args.runs, args.all_overrides)
-    for s in skipped:
-        if s.name is None:
-            print(f"warning: {s}", file=sys.stderr)
     if args.wandb:  # by_experiment prefers a local run of the same seed (newer mtime)
         more, more_skipped = wandb_runs(args.wandb, args.all_overrides)
         runs, skipped = runs + more, skipped + more_skipped

@@ -35,16 +35,14 @@ class Run:
 
 @dataclass(frozen=True)
 class Skipped:
-    """A results.json left out of the tables: unreadable (name None) or run with other
-    overrides than the experiment's own."""
+    """A results.json (or wandb run) left out of the tables, and why. `name` is None when
+    the file is unreadable."""
     path: Path
-    name: str | None = None
-    overrides: str = ""
+    name: str | None
+    why: str
 
     def __str__(self) -> str:
-        if self.name is None:
-            return f"{self.path}: unreadable results.json"
-        return f"{self.path}: {self.name} with overrides {self.overrides}"
+        return f"{self.path}: {self.why}"
 
 
 def run_overrides(run_dir: Path, name: str) -> str | None:
@@ -70,7 +68,7 @@ def _other_config(run_dir: Path | None, name: str, all_overrides: bool,
     extra = other_overrides(run_overrides(run_dir, name) if run_dir is not None else None)
     if not extra or all_overrides:
         return None
-    return Skipped(where or run_dir, name, ",".join(extra))
+    return Skipped(where or run_dir, name, f"{name} with overrides {','.join(extra)}")
 
 
 def run_roots(given: list[Path] | None, default: Path) -> list[Path]:
@@ -82,24 +80,45 @@ def run_roots(given: list[Path] | None, default: Path) -> list[Path]:
     return given or [default]
 
 
+def _unreadable(res: Any) -> str | None:
+    """What makes a parsed results.json unusable (None: it holds a number for the metric in
+    valid and test); a table cell would fail on it with a traceback."""
+    if not isinstance(res, dict) or not isinstance(res.get("metric"), str):
+        return "no 'metric'"
+    for split in ("valid", "test"):
+        values = res.get(split)
+        value = values.get(res["metric"]) if isinstance(values, dict) else None
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return f"{split} has no number {res['metric']!r}"
+    return None
+
+
+def _read(path: Path) -> dict[str, Any] | str:
+    """A results.json, or why it cannot be used."""
+    try:
+        res = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        return f"not JSON ({type(e).__name__})"
+    return _unreadable(res) or res
+
+
 def find_runs(roots: list[Path], all_overrides: bool = False) -> tuple[list[Run], list[Skipped]]:
-    """Every finished run under `roots`; also the ones left out, with why."""
+    """Every finished run under `roots`; also the ones left out, with why (an unreadable
+    file also gets a warning on stderr: it may be a finished run the tables now miss)."""
     runs, skipped = [], []
     for root in roots:
         for path in sorted(root.rglob("results.json")) if root.is_dir() else []:
-            try:
-                res = json.loads(path.read_text())
-                metric = res["metric"]
-                valid, test = res["valid"], res["test"]
-            except (OSError, ValueError, KeyError, TypeError):
-                skipped.append(Skipped(path))
+            res = _read(path)
+            if isinstance(res, str):
+                skipped.append(Skipped(path, None, f"unreadable results.json ({res})"))
+                print(f"warning: {skipped[-1]}", file=sys.stderr)
                 continue
             name = str(res.get("name"))
             if (left_out := _other_config(path.parent, name, all_overrides)) is not None:
                 skipped.append(left_out)
                 continue
-            runs.append(Run(name, res.get("seed"), metric, valid, test, res.get("n_params"),
-                            str(path.parent), path.stat().st_mtime, res))
+            runs.append(Run(name, res.get("seed"), res["metric"], res["valid"], res["test"],
+                            res.get("n_params"), str(path.parent), path.stat().st_mtime, res))
     return runs, skipped
 
 

@@ -118,6 +118,19 @@ def test_report_from_run_directories(tmp_path):
 
 
 
+def test_an_unreadable_results_file_is_warned_about_and_labelled(tmp_path, capsys):
+    root = tmp_path / "runs"
+    fake_run(root, "mini_enwik_dense", 0, 2.0, [1000.0])
+    run = root / "mini_enwik_dense" / "trainer.seed=0"
+    res = json.loads((run / "results.json").read_text())
+    (run / "results.json").write_text(json.dumps({**res, "test": {"loss": 1.0}}))
+    text = mini_claims.main(["--runs", str(root)])  # no KeyError traceback
+    assert "| Dense | — | — |" in text
+    why = f"{run / 'results.json'}: unreadable results.json (test has no number 'bpc')"
+    assert text.split("Not counted:\n")[1].splitlines()[0] == f"- {why}"
+    assert capsys.readouterr().err == f"warning: {why}\n"
+
+
 def test_runs_must_exist_unless_the_default(tmp_path, monkeypatch):
     with pytest.raises(SystemExit) as e:  # a typo: not every run listed as missing
         mini_claims.main(["--runs", str(tmp_path / "nope")])

@@ -178,6 +178,30 @@ def test_c4_uses_validation_and_wandb_runs(tmp_path, monkeypatch):
     assert "Missing runs" not in text
 
 
+def test_results_without_a_number_for_the_metric_are_skipped_with_a_warning(tmp_path, capsys):
+    exps = tmp_path / "exp"
+    write_exp(exps, "tiny_dense", "dense", {"d_ff": 64},
+              entries=[{"table": "dense", "row": "Dense", "column": "Mini", "value": 3.0}])
+    bad = {"no_number": {"valid": {"bpc": 1.0}, "test": {"loss": 1.0}},
+           "no_valid": {"test": {"bpc": 1.0}}, "a_bool": {"valid": {"bpc": True},
+                                                            "test": {"bpc": 1.0}}}
+    for sub, splits in bad.items():
+        run = tmp_path / "runs" / "tiny_dense" / sub
+        run.mkdir(parents=True)
+        (run / "results.json").write_text(json.dumps(
+            {"name": "tiny_dense", "metric": "bpc", "seed": 0, **splits}))
+    (run.parent / "results.json").write_text("{")  # cut short while being copied
+    text = paper_tables.main(["--exp-dir", str(exps), "--runs", str(tmp_path / "runs")])
+    assert "| Dense | — / 3.00 |" in text  # a line each on stderr, no KeyError traceback
+    warnings = capsys.readouterr().err.splitlines()
+    assert len(warnings) == 4 and all(w.startswith("warning: ") for w in warnings)
+    assert any(w.endswith("no_number/results.json: unreadable results.json (test has no "
+                          "number 'bpc')") for w in warnings)
+    assert any("a_bool" in w and "valid has no number 'bpc'" in w for w in warnings)
+    assert any("tiny_dense/results.json: unreadable results.json (not JSON" in w
+               for w in warnings)
+
+
 def paper_grid(exp_dir: Path) -> None:
     """Every (row, column) of Tab. flops_detailed as an experiment file."""
     for (g, k), values in PAPER_FLOPS.items():
