@@ -4,6 +4,7 @@ from __future__ import annotations
 import difflib
 import hashlib
 import re
+import shutil
 import sys
 from contextlib import contextmanager
 from pathlib import Path
@@ -57,9 +58,14 @@ def prepare_argv(argv: list[str]) -> None:
     if sweep and not multirun and not inspect:
         argv.insert(1, "--multirun")  # a sweep file only means something in multirun mode
     register_resolvers()
+    sweeps = [a.split("=", 1)[1] for a in argv[1:] if a.lstrip("+").startswith("sweep=")]
     try:
         for name in (n for value in exps for n in value.split(",")):
             check_experiment(name)
+        for name in sweeps:
+            check_sweep(name)
+        if multirun or sweep and not inspect:
+            check_launcher(argv[1:], sweeps[-1] if sweeps else None)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(1)
@@ -80,6 +86,32 @@ def prepare_argv(argv: list[str]) -> None:
         except ConfigError as e:
             print(f"error: {e}", file=sys.stderr)
             sys.exit(1)
+
+
+def check_sweep(name: str) -> None:
+    names = sorted(p.stem for p in (CONFIGS / "sweep").glob("*.yaml"))
+    if name not in names:
+        close = difflib.get_close_matches(name, names, n=1, cutoff=0.4)
+        hint = f" Did you mean {close[0]}?" if close else ""
+        raise ConfigError(f"unknown sweep {name!r}.{hint} The sweeps: {', '.join(names)} "
+                          f"(configs/sweep/)")
+
+
+def check_launcher(args: list[str], sweep: str | None) -> None:
+    """The Slurm launcher where there is no Slurm: one line, not submitit's traceback."""
+    chosen = [a.split("=", 1)[1] for a in args
+              if a.removeprefix("override ").startswith("hydra/launcher=")]
+    launcher = chosen[-1] if chosen else None
+    if launcher is None and sweep is not None:
+        sweep_cfg = OmegaConf.to_container(OmegaConf.load(CONFIGS / "sweep" / f"{sweep}.yaml"))
+        defaults = sweep_cfg.get("defaults") or []
+        launcher = next((d[k] for d in defaults if isinstance(d, dict) for k in d
+                         if str(k).endswith("hydra/launcher")), None)
+    if launcher == "slurm" and shutil.which("srun") is None:
+        raise ConfigError(
+            "this sweep submits Slurm jobs (hydra/launcher=slurm) but srun is not on this "
+            "machine: launch it on the cluster's login node, or run its jobs here with "
+            "hydra/launcher=submitit_local (in parallel) or hydra/launcher=basic (in turn)")
 
 
 def sweep_experiments(sweep: str) -> list[str]:

@@ -18,6 +18,7 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 from submitit.slurm.slurm import SlurmJobEnvironment
 
+from framework.config import ConfigError
 from scripts import make_sweeps
 from tests.helpers import compose_sweep, jobs
 
@@ -142,3 +143,22 @@ def test_a_failing_job_does_not_end_a_local_sweep(tmp_path):
         "ffn.n_experts [job +exp=mini_moe ffn.n_experts=2 mode=params; the sweep goes on]",
         "error: 1 job(s) of the sweep failed (see above): +exp=mini_moe ffn.n_experts=2 "
         "mode=params"]
+
+
+def test_unknown_sweep_or_slurm_without_slurm_is_one_line(monkeypatch, capsys):
+    from framework import cli
+
+    with pytest.raises(ConfigError, match=r"unknown sweep 'mni'. Did you mean mini\?"):
+        cli.check_sweep("mni")
+    monkeypatch.setattr(cli.shutil, "which", lambda name: None)  # no srun here
+    for args, sweep in ((["+exp=e8_dense"], "dense"), (["+exp=e8_moe", "hydra/launcher=slurm"],
+                                                       None)):
+        with pytest.raises(ConfigError, match="srun is not on this machine.*submitit_local"):
+            cli.check_launcher(args, sweep)
+    for args, sweep in ((["hydra/launcher=basic"], "dense"), ([], "mini"), ([], None)):
+        cli.check_launcher(args, sweep)  # launchers that need no Slurm
+    argv = ["run.py", "-m", "+sweep=dense", "+exp=e8_dense", "trainer.seed=0"]
+    with pytest.raises(SystemExit) as e:
+        cli.prepare_argv(argv)
+    assert e.value.code == 1
+    assert capsys.readouterr().err.count("\n") == 1  # one line
