@@ -55,6 +55,11 @@ def prepare_argv(argv: list[str]) -> None:
     sweep = any(a.lstrip("+").startswith("sweep=") for a in argv[1:])
     inspect = any(a.startswith(("--cfg", "-c", "--info", "-h", "--help", "-p", "--package"))
                   for a in argv[1:])
+    if multirun and any(a in ("--cfg", "-c") or a.startswith("--cfg=") for a in argv[1:]):
+        print("error: --cfg cannot go with -m (Hydra); without -m it shows a sweep's config, "
+              "e.g. python run.py +sweep=moe --cfg hydra -p hydra.sweeper.params",
+              file=sys.stderr)
+        sys.exit(1)
     if sweep and not multirun and not inspect:
         argv.insert(1, "--multirun")  # a sweep file only means something in multirun mode
     register_resolvers()

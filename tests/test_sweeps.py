@@ -162,3 +162,6 @@ def test_unknown_sweep_or_slurm_without_slurm_is_one_line(monkeypatch, capsys):
         cli.prepare_argv(argv)
     assert e.value.code == 1
     assert capsys.readouterr().err.count("\n") == 1  # one line
+    with pytest.raises(SystemExit):  # Hydra refuses --cfg with -m, with a traceback
+        cli.prepare_argv(["run.py", "-m", "+sweep=moe", "--cfg", "job"])
+    assert "--cfg cannot go with -m" in capsys.readouterr().err
