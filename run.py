@@ -4,14 +4,17 @@ With no `+exp=`, the main job `+exp=mini_moe` runs. Errors a user can fix (confi
 missing data, bad checkpoints, divergence) end with one line and exit code 1.
 """
 import sys
-from pathlib import Path
 
 import hydra
-from hydra.core.hydra_config import HydraConfig
-from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from framework.cli import exit_if_jobs_failed, handle_errors, prepare_argv, prepare_run_dir
+from framework.cli import (
+    exit_if_jobs_failed,
+    handle_errors,
+    prepare_argv,
+    prepare_run_dir,
+    removable_up_to,
+)
 from framework.experiment import remove_if_empty
 
 prepare_argv(sys.argv)
@@ -28,11 +31,8 @@ def main(cfg: DictConfig):
             return None
         try:
             return TASKS.get(plain["task"]["kind"])(plain, run_dir)
-        finally:
-            # mode=params writes nothing: leave no empty dir (nor runs/NAME/ of a single
-            # run; a sweep's parents stay: another job may be creating its dir in them)
-            remove_if_empty(run_dir, None if HydraConfig.get().mode == RunMode.MULTIRUN
-                            else Path.cwd())
+        finally:  # mode=params writes nothing: leave no empty dirs
+            remove_if_empty(run_dir, removable_up_to())
 
 
 if __name__ == "__main__":

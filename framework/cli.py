@@ -273,6 +273,20 @@ def _in_process_sweep_job() -> str | None:
     return " ".join(hc.overrides.task) or f"#{hc.job.num}"
 
 
+def removable_up_to() -> Path | None:
+    """Up to where run.py removes the empty parents of a run directory that stayed empty
+    (mode=params, a failed start): the cwd for a single run, the sweep directory for a job
+    of a local sweep (its jobs run one after another); None (the run directory only) where
+    other jobs may be creating their directories beside it at the same time."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    hc = HydraConfig.get()
+    if hc.mode != RunMode.MULTIRUN:
+        return Path.cwd()
+    return Path(hc.sweep.dir) if _in_process_sweep_job() is not None else None
+
+
 @contextmanager
 def handle_errors():
     """Turn the errors a user can fix into one line on stderr and exit code 1 (run.py removes

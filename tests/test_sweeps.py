@@ -143,6 +143,9 @@ def test_a_failing_job_does_not_end_a_local_sweep(tmp_path):
         "ffn.n_experts [job +exp=mini_moe ffn.n_experts=2 mode=params; the sweep goes on]",
         "error: 1 job(s) of the sweep failed (see above): +exp=mini_moe ffn.n_experts=2 "
         "mode=params"]
+    # neither job wrote anything: no empty directories are left in the sweep's
+    assert [p.name for p in (tmp_path / "runs").rglob("*")] == ["sweeps", "multirun",
+                                                                "multirun.yaml"]
 
 
 def test_unknown_sweep_or_slurm_without_slurm_is_one_line(monkeypatch, capsys):
