@@ -8,6 +8,8 @@ Runs come from `python run.py -m +sweep=mini` (configs/sweep/mini.yaml, docs/min
 experiments `mini_{enwik,wiki}_<variant>` x seeds. Metric: test bits/char (enwik_mini) and
 test perplexity (wikitext_mini) on a fixed subset of the split (`task.final_segments`);
 lower is better. Each cell: mean ± sample std over seeds (n - 1), as scripts/paper_tables.py.
+A run counts as there (scripts/run_results.py): only if it trained its experiment's config
+as configs/exp/<name>.yaml says now; the others are listed under "Not counted" with why.
 
 How a claim is judged, for variant a against variant b with n_a, n_b seeds (metric as
 reported, bpc or ppl; diff = mean_a - mean_b, negative = a is better):
@@ -192,8 +194,8 @@ class Collected:
     skipped: list[str]  # runs left out, as find_runs describes them
 
 
-def collect(roots: list[Path], all_overrides: bool = False) -> Collected:
-    runs, skipped = find_runs(roots, all_overrides)
+def collect(roots: list[Path], exp_dir: Path, all_overrides: bool = False) -> Collected:
+    runs, skipped = find_runs(roots, exp_dir, all_overrides)
     grouped = by_experiment(runs)
     mini = [s for s in skipped if (s.name or "").startswith("mini_") or "/mini_" in str(s.path)]
     out = Collected({}, {}, {}, {}, [str(s) for s in mini])
@@ -293,7 +295,7 @@ def render_throughput(c: Collected, rows: dict[str, str]) -> str:
 
 
 def report(exp_dir: Path, roots: list[Path], all_overrides: bool = False) -> str:
-    c = collect(roots, all_overrides)
+    c = collect(roots, exp_dir, all_overrides)
     rows = mini_rows(exp_dir)
     return "\n".join([render_results(c, rows), render_claims(check_claims(c.values), c.metric),
                       render_throughput(c, rows)])
@@ -306,7 +308,8 @@ def main(argv: list[str] | None = None) -> str:
                          "(default: runs/sweeps/mini)")
     ap.add_argument("--exp-dir", type=Path, default=ROOT / "configs" / "exp")
     ap.add_argument("--all-overrides", action="store_true",
-                    help="count runs with overrides besides trainer.seed too")
+                    help="also count runs whose directory shows overrides besides "
+                         "trainer.seed, for seeds no run of the experiment's own config has")
     args = ap.parse_args(argv)
     text = report(args.exp_dir, run_roots(args.runs, Path("runs/sweeps/mini")),
                   args.all_overrides)

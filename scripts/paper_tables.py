@@ -8,11 +8,13 @@ ablation_existing / ablation_detailed, new_results, flops_detailed).
 What each table holds comes from the experiment files alone: every `configs/exp/*.yaml`
 carries `paper: {params_m, entries: [{table, row, column, value}]}`. A run directory
 (anything under `--runs` holding a results.json; scripts/run_results.py finds them) belongs
-to the experiment whose `name` it records; its seed is results["seed"]. Several seeds of
-one experiment are averaged:
-mean ± sample std (n - 1). Runs with overrides other than `trainer.seed` (read from the
-Hydra directory name `<name>/<overrides>`) are a different configuration and are left out
-(listed under the table) unless `--all-overrides`.
+to the experiment whose `name` it records; its seed is results["seed"]. It counts only if
+it trained the experiment's config as configs/exp/<name>.yaml says now (the config_hash
+in its results.json). Runs with overrides other than `trainer.seed` (read from the Hydra
+directory name `<name>/<overrides>`) are listed under the table, not counted, unless
+`--all-overrides`, which counts them for the seeds that no run of the experiment's own
+config has; stale runs are listed, never counted. Several seeds of one experiment are
+averaged: mean ± sample std (n - 1).
 
 Metric: test for WikiText-103 / Enwik8, validation for C4 and peS2o (the paper reports
 validation perplexity there). Each cell: ours [± std] (n seeds) / paper (Δ = ours - paper)
@@ -319,8 +321,7 @@ def render_markdown(t: Table) -> str:
         if len(t.missing) > 1:
             lines.append(f"- all of them: `{multirun(t.missing)}`")
     if t.notes:
-        lines += ["", "Not counted (other overrides; `--all-overrides` counts them):",
-                  *[f"- {n}" for n in t.notes]]
+        lines += ["", "Not counted:", *[f"- {n}" for n in t.notes]]
     return "\n".join(lines) + "\n"
 
 
@@ -367,7 +368,8 @@ def main(argv: list[str] | None = None) -> str:
     ap.add_argument("--table", choices=ALL_TABLES, help="print only this table")
     ap.add_argument("--format", choices=("markdown", "latex"), default="markdown")
     ap.add_argument("--all-overrides", action="store_true",
-                    help="count runs with overrides besides trainer.seed too")
+                    help="also count runs whose directory shows overrides besides "
+                         "trainer.seed, for seeds no run of the experiment's own config has")
     ap.add_argument("--flops-selector", action="store_true",
                     help="count the selector N_E*d_model in the FLOPs table (the paper does not)")
     ap.add_argument("--mini", action="store_true",
@@ -383,9 +385,9 @@ def main(argv: list[str] | None = None) -> str:
         print(text, end="")
         return text
     exps = load_experiments(args.exp_dir)
-    runs, skipped = find_runs(args.runs, args.all_overrides)
+    runs, skipped = find_runs(args.runs, args.exp_dir, args.all_overrides)
     if args.wandb:  # by_experiment prefers a local run of the same seed (newer mtime)
-        more, more_skipped = wandb_runs(args.wandb, args.all_overrides)
+        more, more_skipped = wandb_runs(args.wandb, args.exp_dir, args.all_overrides)
         runs, skipped = runs + more, skipped + more_skipped
     tables = build_all(exps, runs, skipped, args.table, args.flops_selector)
     render = render_latex if args.format == "latex" else render_markdown

@@ -2,21 +2,40 @@
 scripts/mini_claims.py.
 
 A run directory (anything under the given roots holding a results.json) belongs to the
-experiment whose `name` it records; its seed is results["seed"]. Runs with overrides other
-than `trainer.seed` (read from the Hydra directory name `<name>/<overrides>`) are another
-configuration and are left out (as `Skipped` records) unless `all_overrides`. wandb runs
-count when finished, read from the config/summary tasks/lm_run.py logs.
+experiment whose `name` it records (configs/exp/<name>.yaml); its seed is results["seed"].
+It counts as a seed of that experiment only if it trained the experiment's config as the
+file says now: the `config_hash` its results.json records must be one of the hashes of
+`+exp=<name> trainer.seed=<seed>` (framework/experiment.py `run_hashes`; composed here
+with Hydra as run.py composes it, once per experiment). Otherwise it is left out, as a
+`Skipped` record with why:
+
+- its directory (`<name>/<overrides>`, as Hydra names it) shows overrides other than
+  `trainer.seed`: another configuration, counted only with `all_overrides`, and then only
+  for a seed no run of the experiment's own config has (a `ffn.k=2` run never replaces
+  seed 0 of the real one);
+- otherwise (a stale run, made before configs/exp/<name>.yaml changed, or one in a
+  directory chosen by hand with other settings): never counted.
+
+A results.json with no `config_hash` (made before runs recorded it) cannot be checked: it
+counts when its directory shows no other overrides, with a warning on stderr. wandb runs
+count when finished, read from the config/summary tasks/lm_run.py logs; wandb has no
+`config_hash`, so their logged config itself is compared with the experiment's.
 """
 from __future__ import annotations
 
 import json
 import re
+import shutil
 import statistics
 import sys
+import tempfile
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+ROOT = Path(__file__).resolve().parent.parent
 SEED_KEYS = {"trainer.seed"}
 
 
@@ -31,6 +50,7 @@ class Run:
     source: str
     mtime: float = 0.0
     results: dict[str, Any] = field(default_factory=dict)  # the results.json of a local run
+    own: bool = True  # the experiment's own config (False: counted by `all_overrides`)
 
 
 @dataclass(frozen=True)
@@ -61,14 +81,99 @@ def other_overrides(overrides: str | None) -> list[str]:
     return [it for it in items if it.split("=", 1)[0].lstrip("+~") not in SEED_KEYS]
 
 
-def _other_config(run_dir: Path | None, name: str, all_overrides: bool,
-                  where: Path | None = None) -> Skipped | None:
-    """A run made with overrides other than the seed is another configuration: left out
-    (reported at `where`, default its directory) unless `all_overrides`."""
-    extra = other_overrides(run_overrides(run_dir, name) if run_dir is not None else None)
-    if not extra or all_overrides:
-        return None
-    return Skipped(where or run_dir, name, f"{name} with overrides {','.join(extra)}")
+# -- the experiments' configs -----------------------------------------------------------------
+@contextmanager
+def _config_tree(exp_dir: Path) -> Iterator[Path]:
+    """An absolute config directory whose `exp` group is `exp_dir`: its own tree when it is one
+    (`<configs>/exp`), else a copy of configs/ with `exp` pointing at it."""
+    if exp_dir.name == "exp" and (exp_dir.parent / "config.yaml").is_file():
+        yield exp_dir.parent.resolve()  # Hydra wants an absolute path
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        tree = Path(tmp) / "configs"
+        shutil.copytree(ROOT / "configs", tree,
+                        ignore=lambda d, _: ["exp"] if Path(d) == ROOT / "configs" else [])
+        (tree / "exp").symlink_to(exp_dir.resolve(), target_is_directory=True)
+        yield tree
+
+
+def compose_experiments(exp_dir: Path, names: Iterable[str]) -> dict[str, dict[str, Any] | str]:
+    """name -> its config as `python run.py +exp=<name>` composes it (or why it does not
+    compose), for each name with a file in `exp_dir`; one Hydra composition per name."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from framework.cli import register_resolvers
+
+    todo = sorted(n for n in set(names) if (exp_dir / f"{n}.yaml").is_file())
+    if not todo:
+        return {}
+    register_resolvers()
+    out: dict[str, dict[str, Any] | str] = {}
+    with _config_tree(exp_dir) as tree, initialize_config_dir(str(tree), version_base=None):
+        for name in todo:
+            try:
+                out[name] = OmegaConf.to_container(compose("config", [f"+exp={name}"]),
+                                                   resolve=True)
+            except Exception as e:  # a broken exp file: its runs are listed with why
+                out[name] = str(e).strip().splitlines()[0]
+    return out
+
+
+def _whole_floats_as_ints(node: Any) -> Any:
+    """wandb keeps a config as JSON and may hand 1.0 back as 1."""
+    if isinstance(node, dict):
+        return {k: _whole_floats_as_ints(v) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_whole_floats_as_ints(v) for v in node]
+    return int(node) if isinstance(node, float) and node.is_integer() else node
+
+
+@dataclass
+class Judge:
+    """Whether a run counts as a seed of its experiment (module docstring)."""
+    exp_dir: Path
+    configs: dict[str, dict[str, Any] | str]
+    all_overrides: bool = False
+
+    def same_config(self, name: str, seed: Any, run_hash: str | None = None,
+                    logged: dict[str, Any] | None = None) -> tuple[bool | None, str]:
+        """(whether the run trained the experiment's config, None when it cannot be told;
+        why not). `run_hash`: its results.json's; `logged`: its config as wandb logged it."""
+        from framework.experiment import config_hash, run_hashes
+
+        where = self.exp_dir / f"{name}.yaml"
+        where = where.relative_to(ROOT) if where.is_relative_to(ROOT) else where
+        cfg = self.configs.get(name)
+        if cfg is None:
+            return False, f"no {where}"
+        if isinstance(cfg, str):
+            return False, f"{where} does not compose ({cfg})"
+        # the seed is in the hash: set it here rather than compose once per seed (~65 ms)
+        cfg = {**cfg, "trainer": {**cfg.get("trainer", {}), "seed": seed}}
+        if logged is not None:
+            same = config_hash(_whole_floats_as_ints(logged)) == \
+                config_hash(_whole_floats_as_ints(cfg))
+        elif run_hash:
+            same = run_hash in run_hashes(cfg)
+        else:
+            return None, ""
+        return same, f"config differs from {where} (stale, or made with other settings)"
+
+    def __call__(self, name: str, seed: Any, run_dir: Path | None, **config: Any
+                 ) -> tuple[str | None, bool]:
+        """(why the run is not counted, None if it is; whether it trained the experiment's
+        own config). `config`: same_config's run_hash or logged."""
+        extra = other_overrides(run_overrides(run_dir, name) if run_dir is not None else None)
+        same, why = self.same_config(name, seed, **config)
+        if same is None:  # no hash: trust the directory's name, as before runs recorded it
+            same = not extra
+        if same:
+            return None, True
+        if extra:
+            return (None if self.all_overrides else
+                    f"{name} with overrides {','.join(extra)} (--all-overrides counts it)"), False
+        return why, False
 
 
 def run_roots(given: list[Path] | None, default: Path) -> list[Path]:
@@ -102,59 +207,87 @@ def _read(path: Path) -> dict[str, Any] | str:
     return _unreadable(res) or res
 
 
-def find_runs(roots: list[Path], all_overrides: bool = False) -> tuple[list[Run], list[Skipped]]:
-    """Every finished run under `roots`; also the ones left out, with why (an unreadable
-    file also gets a warning on stderr: it may be a finished run the tables now miss)."""
-    runs, skipped = [], []
+def find_runs(roots: list[Path], exp_dir: Path, all_overrides: bool = False
+              ) -> tuple[list[Run], list[Skipped]]:
+    """Every finished run under `roots` that counts for its experiment in `exp_dir`; also
+    the ones left out, with why. An unreadable file, and runs that record no config_hash,
+    also get a warning on stderr."""
+    found, skipped = [], []
     for root in roots:
         for path in sorted(root.rglob("results.json")) if root.is_dir() else []:
             res = _read(path)
             if isinstance(res, str):
                 skipped.append(Skipped(path, None, f"unreadable results.json ({res})"))
                 print(f"warning: {skipped[-1]}", file=sys.stderr)
-                continue
-            name = str(res.get("name"))
-            if (left_out := _other_config(path.parent, name, all_overrides)) is not None:
-                skipped.append(left_out)
-                continue
-            runs.append(Run(name, res.get("seed"), res["metric"], res["valid"], res["test"],
-                            res.get("n_params"), str(path.parent), path.stat().st_mtime, res))
+            else:
+                found.append((path, res))
+    judge = Judge(exp_dir, compose_experiments(exp_dir, (str(r.get("name")) for _, r in found)),
+                  all_overrides)
+    runs, unchecked = [], []
+    for path, res in found:
+        name, seed = str(res.get("name")), res.get("seed")
+        why, own = judge(name, seed, path.parent, run_hash=res.get("config_hash"))
+        if why is not None:
+            skipped.append(Skipped(path.parent, name, why))
+            continue
+        unchecked += [path] if not res.get("config_hash") else []
+        runs.append(Run(name, seed, res["metric"], res["valid"], res["test"],
+                        res.get("n_params"), str(path.parent), path.stat().st_mtime, res, own))
+    if unchecked:
+        print(f"warning: {len(unchecked)} counted run(s) record no config_hash, so their config "
+              f"is not checked against {exp_dir} (e.g. {unchecked[0]})", file=sys.stderr)
     return runs, skipped
 
 
-def wandb_runs(project: str, all_overrides: bool = False) -> tuple[list[Run], list[Skipped]]:
+def wandb_runs(project: str, exp_dir: Path, all_overrides: bool = False
+               ) -> tuple[list[Run], list[Skipped]]:
     """Finished runs of a wandb project: config `name` / `trainer.seed` / `run_dir`, summary
     `valid_<metric>` / `test_<metric>` (written by tasks/lm_run.py at the end of training).
-    Crashed or running ones are not finished; runs with other overrides (read from their
-    run directory's name, as local runs) are left out like local ones."""
-    import wandb
-
+    Crashed or running ones are not finished. wandb holds no config_hash: the config the
+    run logged (all of it, tasks/lm_run.py) is compared with its experiment's instead;
+    other overrides are read from its run directory's name, as for local runs."""
+    finished = [(dict(r.config), r.summary, f"wandb:{project}/{r.id}")
+                for r in _wandb_api_runs(project) if r.state == "finished"]
+    finished = [f for f in finished if f[0].get("name")]
+    judge = Judge(exp_dir, compose_experiments(exp_dir, (str(c["name"]) for c, _, _ in finished)),
+                  all_overrides)
     out, skipped = [], []
-    for r in wandb.Api().runs(project):
-        cfg, summary = dict(r.config), r.summary
-        if r.state != "finished" or not cfg.get("name"):
-            continue
-        name, source = str(cfg["name"]), f"wandb:{project}/{r.id}"
-        run_dir = Path(cfg["run_dir"]) if cfg.get("run_dir") else None
-        if (left_out := _other_config(run_dir, name, all_overrides, Path(source))) is not None:
-            skipped.append(left_out)
+    for cfg, summary, source in finished:
+        name, seed = str(cfg["name"]), (cfg.get("trainer") or {}).get("seed")
+        run_dir = Path(cfg.pop("run_dir")) if cfg.get("run_dir") else None
+        why, own = judge(name, seed, run_dir, logged=cfg)
+        if why is not None:
+            skipped.append(Skipped(Path(source), name, why))
             continue
         for metric in ("ppl", "bpc"):
             valid, test = summary.get(f"valid_{metric}"), summary.get(f"test_{metric}")
             if valid is not None and test is not None:
-                seed = (cfg.get("trainer") or {}).get("seed")
                 out.append(Run(name, seed, metric, {metric: float(valid)},
-                               {metric: float(test)}, summary.get("n_params"), source))
+                               {metric: float(test)}, summary.get("n_params"), source, own=own))
                 break
     return out, skipped
 
 
+def _wandb_api_runs(project: str) -> list[Any]:
+    """The runs of a wandb project; a missing login or an unreachable project is one line."""
+    import wandb
+
+    try:
+        return list(wandb.Api().runs(project))
+    except (wandb.errors.UsageError, wandb.errors.AuthenticationError):
+        sys.exit(f"error: --wandb {project}: not logged in to wandb; run `wandb login` or set "
+                 f"WANDB_API_KEY")
+    except wandb.errors.Error as e:
+        sys.exit(f"error: --wandb {project}: {str(e).strip().splitlines()[0]}")
+
+
 def by_experiment(runs: list[Run]) -> dict[str, list[Run]]:
-    """name -> one run per seed (the newest when a seed ran twice), local before wandb."""
+    """name -> one run per seed, local before wandb: a run of the experiment's own config
+    before one counted by `all_overrides`, then the newest when a seed ran twice."""
     best: dict[tuple[str, Any], Run] = {}
     for run in runs:
         key = (run.name, run.seed)
-        if key not in best or run.mtime > best[key].mtime:
+        if key not in best or (run.own, run.mtime) > (best[key].own, best[key].mtime):
             best[key] = run
     out: dict[str, list[Run]] = {}
     for (name, _), run in sorted(best.items(), key=lambda kv: (kv[0][0], str(kv[0][1]))):

@@ -4,15 +4,17 @@ experiment composes, shares one token budget and is parameter-matched to its den
 """
 from __future__ import annotations
 
+import functools
 import json
 import math
 from pathlib import Path
 
 import pytest
 
+from framework.experiment import run_hashes
 from scripts import mini_claims
 from scripts.mini_claims import Claim, check_claims, compare, verdict
-from tests.helpers import compose_sweep, jobs, load
+from tests.helpers import compose_cfg, compose_sweep, jobs, load
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = ROOT / "configs"
@@ -81,12 +83,21 @@ def test_check_claims_per_dataset_and_missing_runs():
 
 
 # -- the report ---------------------------------------------------------------------------------
+@functools.cache
+def config_hash(name: str, seed: int) -> str:
+    """As a run of `python run.py +exp=<name> trainer.seed=<seed>` records it."""
+    return run_hashes(compose_cfg([f"trainer.seed={seed}"], name))[0]
+
+
 def fake_run(root: Path, name: str, seed: int, bpc: float, tok_s: list[float],
-             rss: float | None = None, overrides: str | None = None) -> None:
-    run = root / name / (overrides or f"trainer.seed={seed}")
+             rss: float | None = None, overrides: str | None = None,
+             other_config: bool = False, run: Path | None = None) -> None:
+    run = run or root / name / (overrides or f"trainer.seed={seed}")
     run.mkdir(parents=True)
     res = {"name": name, "metric": "bpc", "seed": seed, "n_params": 916_000, "steps": 200,
-           "train_seconds": 30.0 + seed, "valid": {"bpc": bpc + 0.1}, "test": {"bpc": bpc}}
+           "train_seconds": 30.0 + seed, "valid": {"bpc": bpc + 0.1}, "test": {"bpc": bpc},
+           "config_hash": "0123456789ab" if other_config or overrides else
+           config_hash(name, seed)}
     if rss is not None:
         res["peak_rss_mb"] = rss
     (run / "results.json").write_text(json.dumps(res))
@@ -101,6 +112,8 @@ def test_report_from_run_directories(tmp_path):
         fake_run(root, "mini_enwik_dense", seed, bpc, [900.0, 1000.0, 5000.0])
         fake_run(root, "mini_enwik_moe", seed, bpc - 0.5, [2000.0], rss=400.0 + seed)
     fake_run(root, "mini_enwik_moe", 0, 9.0, [1.0], overrides="ffn.k=2,trainer.seed=0")
+    fake_run(root, "mini_enwik_switch", 0, 8.0, [1.0], other_config=True,
+             run=tmp_path / "runs" / "smoke")  # +exp=... trainer.steps=10 hydra.run.dir=...
     text = mini_claims.main(["--runs", str(tmp_path / "runs")])
     lines = text.splitlines()
     assert "| Dense | 2.000 ± 0.010 (n=3) · 0.916M | — |" in lines
@@ -113,8 +126,12 @@ def test_report_from_run_directories(tmp_path):
     assert "| Dense | 1,000 | 1.00 | 31.0 | — | — | — | — | — |" in lines
     assert "| σ-MoE (ours) | 2,000 | 2.00 | 31.0 | 401 |" in text
     assert "mini_enwik_topk" in text.split("Missing runs:")[1]  # with the command to run it
-    assert "ffn.k=2" in text.split("Not counted")[1]
-    assert "9.000" not in text  # the run with other overrides is left out
+    assert text.split("Not counted:\n")[1].split("\n\n")[0].splitlines() == [
+        f"- {tmp_path / 'runs/smoke'}: config differs from "
+        "configs/exp/mini_enwik_switch.yaml (stale, or made with other settings)",
+        f"- {root / 'mini_enwik_moe/ffn.k=2,trainer.seed=0'}: mini_enwik_moe with overrides "
+        "ffn.k=2 (--all-overrides counts it)"]
+    assert "9.000" not in text and "8.000" not in text  # neither is counted
 
 
 

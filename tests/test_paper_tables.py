@@ -1,4 +1,5 @@
 """The paper's tables from run directories, the FLOPs table, the benchmark figures (issue 7)."""
+import functools
 import json
 import runpy
 import shutil
@@ -9,16 +10,14 @@ from pathlib import Path
 
 import pytest
 
+from framework.experiment import run_hashes
 from models.ffn.dense import DenseConfig
 from models.ffn.experts import ExpertsConfig
 from models.flops import ffn_flops, relative_ffn_flops
-from scripts import paper_tables, plot_bench
+from scripts import paper_tables, plot_bench, run_results
 from scripts.flops_table import config_relative_flops
-from tasks import TASKS
-from tests.helpers import TINY, compose_cfg
 
 ROOT = Path(__file__).resolve().parent.parent
-FAST = [o for o in TINY if not o.startswith("task.final_segments")]
 
 # Paper Tab. flops_detailed: (G, K) of each row -> % per column ("-": not run). (G, K) fixes
 # the value, as every row keeps N_E * G of its column (the "N_E' = 2 N_E, G=64" row too).
@@ -47,16 +46,31 @@ def write_exp(exp_dir: Path, stem: str, ffn: str, ffn_cfg: dict, entries: list[d
     (exp_dir / f"{stem}.yaml").write_text("# @package _global_\n" + json.dumps(body))
 
 
+@functools.cache
+def exp_config(exp_dir: Path, name: str) -> dict:
+    return run_results.compose_experiments(exp_dir, [name])[name]
+
+
+def fake_run(run_dir: Path, exp_dir: Path, seed: int, bpc: float, name: str = "tiny_dense",
+             config_hash: str | None = "the experiment's", **more) -> dict:
+    """A finished run's results.json (as tasks/lm_run.py writes it), by default of the
+    experiment's config as exp_dir/<name>.yaml composes now."""
+    if config_hash == "the experiment's":
+        cfg = exp_config(exp_dir, name)
+        config_hash = run_hashes({**cfg, "trainer": {**cfg["trainer"], "seed": seed}})[0]
+    res = {"name": name, "metric": "bpc", "seed": seed, "n_params": 51_234,
+           "valid": {"bpc": bpc + 0.1}, "test": {"bpc": bpc}, **more}
+    if config_hash is not None:
+        res["config_hash"] = config_hash
+    run_dir.mkdir(parents=True)
+    (run_dir / "results.json").write_text(json.dumps(res))
+    return res
+
+
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    """Two seeds of a tiny dense run, trained for 3 steps, in Hydra's directory layout."""
+    """Two seeds of a tiny dense experiment, in Hydra's directory layout."""
     root = tmp_path_factory.mktemp("tables")
-    runs = root / "runs"
-    for seed, sub in ((0, "tiny_dense"), (1, "tiny_dense/trainer.seed=1")):
-        cfg = compose_cfg([*FAST, "ffn.d_ff=64", "trainer.steps=3", "task.final_segments=2",
-                           "trainer.val_every=1000", "name=tiny_dense", f"trainer.seed={seed}"],
-                          "mini_dense")
-        TASKS.get("lm")(cfg, runs / sub)
     exps = root / "exp"
     write_exp(exps, "tiny_dense", "dense", {"d_ff": 64}, params_m=0.05, entries=[
         {"table": "moe", "row": "Dense", "column": "Mini", "value": 3.0},
@@ -65,8 +79,8 @@ def tiny(tmp_path_factory):
               params_m=0.05, entries=[
                   {"table": "moe", "row": "σ-MoE", "column": "Mini", "value": 2.9},
                   {"table": "moe", "row": "σ-MoE", "column": "Mini-B", "value": None}])
-    results = [json.loads((runs / sub / "results.json").read_text())
-               for sub in ("tiny_dense", "tiny_dense/trainer.seed=1")]
+    results = [fake_run(root / "runs" / sub, exps, seed, bpc) for seed, sub, bpc in
+               ((0, "tiny_dense", 3.1), (1, "tiny_dense/trainer.seed=1", 3.3))]
     return root, results
 
 
@@ -116,25 +130,52 @@ def test_all_tables_latex_and_one_seed(tiny, tmp_path):
     assert "% missing: python run.py +exp=tiny_moe" in text
 
 
-def test_runs_with_other_overrides_are_left_out(tiny, tmp_path):
+def test_which_runs_count(tiny, tmp_path, capsys):
+    """Newest of a seed counts; other overrides only with --all-overrides and never over a
+    run of the experiment's own config; a run of another config (stale, or made in a
+    hand-chosen directory) never; one with no config_hash counts, with a warning."""
     root, results = tiny
-    runs = tmp_path / "runs"
+    runs, exps = tmp_path / "runs", root / "exp"
     shutil.copytree(root / "runs", runs)
-    other = runs / "tiny_dense" / "ffn.d_ff=32,trainer.seed=2"
-    other.mkdir()
-    fake = {**results[0], "seed": 2, "test": {"bpc": 100.0}}
-    (other / "results.json").write_text(json.dumps(fake))
     dup = runs / "sweeps" / "s" / "tiny_dense" / "trainer.seed=1"  # a sweep rerun of seed 1
-    dup.mkdir(parents=True)
-    (dup / "results.json").write_text(json.dumps({**results[1], "test": {"bpc": 7.0}}))
-    args = ["--exp-dir", str(root / "exp"), "--runs", str(runs), "--table", "dense"]
+    fake_run(dup, exps, 1, 7.0)
+    other = "0123456789ab"  # the config_hash of another config
+    fake_run(runs / "tiny_dense" / "ffn.d_ff=32,trainer.seed=2", exps, 2, 100.0,
+             config_hash=other)
+    fake_run(runs / "tiny_dense" / "ffn.d_ff=32,trainer.seed=0", exps, 0, 200.0,
+             config_hash=other)  # newer than seed 0 of the experiment itself
+    fake_run(runs / "tiny_dense" / "trainer.seed=3", exps, 3, 300.0, config_hash=other)
+    fake_run(runs / "smoke", exps, 0, 400.0, config_hash=other)  # hydra.run.dir=runs/smoke
+    args = ["--exp-dir", str(exps), "--runs", str(runs), "--table", "dense"]
     text = paper_tables.main(args)
     mean = statistics.fmean([results[0]["test"]["bpc"], 7.0])  # newest seed-1 run counts
     assert f"| Dense | {mean:.3f} ± " in text and "(n=2)" in text
-    assert "ffn.d_ff=32" in text.split("Not counted")[1]
-    text = paper_tables.main([*args, "--all-overrides"])
-    assert "(n=3)" in text and f"{statistics.fmean([results[0]['test']['bpc'], 7, 100]):.3f}" \
-        in text
+    stale = f"config differs from {exps / 'tiny_dense.yaml'} (stale, or made with other settings)"
+    assert sorted(text.split("Not counted:\n")[1].strip().splitlines()) == [
+        f"- {runs / 'smoke'}: {stale}",
+        f"- {runs / 'tiny_dense/ffn.d_ff=32,trainer.seed=0'}: tiny_dense with overrides "
+        "ffn.d_ff=32 (--all-overrides counts it)",
+        f"- {runs / 'tiny_dense/ffn.d_ff=32,trainer.seed=2'}: tiny_dense with overrides "
+        "ffn.d_ff=32 (--all-overrides counts it)",
+        f"- {runs / 'tiny_dense/trainer.seed=3'}: {stale}"]
+    text = paper_tables.main([*args, "--all-overrides"])  # seed 2 joins; seed 0 stays
+    mean = statistics.fmean([results[0]["test"]["bpc"], 7.0, 100.0])
+    assert f"| Dense | {mean:.3f} ± " in text and "(n=3)" in text
+    assert text.count("--all-overrides counts it") == 0 and text.count(stale) == 2
+    assert capsys.readouterr().err == ""
+    fake_run(runs / "tiny_dense" / "trainer.seed=4", exps, 4, 8.0, config_hash=None)
+    text = paper_tables.main(args)  # made before results.json recorded a config_hash
+    assert "(n=3)" in text
+    assert capsys.readouterr().err == (
+        f"warning: 1 counted run(s) record no config_hash, so their config is not checked "
+        f"against {exps} (e.g. {runs / 'tiny_dense/trainer.seed=4/results.json'})\n")
+
+
+def whole_floats_as_ints(node):
+    """As wandb's JSON store hands a logged config back (1.0 as 1)."""
+    if isinstance(node, dict):
+        return {k: whole_floats_as_ints(v) for k, v in node.items()}
+    return int(node) if isinstance(node, float) and node.is_integer() else node
 
 
 def test_c4_uses_validation_and_wandb_runs(tmp_path, monkeypatch):
@@ -146,36 +187,61 @@ def test_c4_uses_validation_and_wandb_runs(tmp_path, monkeypatch):
               entries=[{"table": "c4_pes2o", "row": "Dense", "column": "C4-S", "value": 23.76}])
     run = tmp_path / "runs" / "c4_small_moe"
     run.mkdir(parents=True)
+    moe = {**exp_config(exps, "c4_small_moe")}
+    moe["trainer"] = {**moe["trainer"], "seed": 0}
     (run / "results.json").write_text(json.dumps({
         "name": "c4_small_moe", "metric": "ppl", "seed": 0, "n_params": 47_300_000,
-        "valid": {"ppl": 23.0}, "test": {"ppl": 99.0}}))
+        "config_hash": run_hashes(moe)[0], "valid": {"ppl": 23.0}, "test": {"ppl": 99.0}}))
+    dense = exp_config(exps, "c4_small_dense")
+    logged = {**whole_floats_as_ints(dense), "trainer": {**dense["trainer"], "seed": 0},
+              "run_dir": "/somewhere/runs/c4_small_dense"}  # as tasks/lm_run.py logs it
 
     class FakeRun:
         id, state = "abc", "finished"
-        config = {"name": "c4_small_dense", "trainer": {"seed": 0},
-                  "run_dir": "/somewhere/runs/c4_small_dense"}
+        config = logged
         summary = {"valid_ppl": 24.0, "test_ppl": 98.0}
 
     class Crashed(FakeRun):  # not finished: never counted
         id, state = "def", "crashed"
-        config = {**FakeRun.config, "trainer": {"seed": 1}}
+        config = {**logged, "trainer": {**logged["trainer"], "seed": 1}}
         summary = {"valid_ppl": 1.0, "test_ppl": 1.0}
 
-    class OtherOverrides(FakeRun):  # ffn.k=2: another config, listed but not counted
+    class OtherOverrides(FakeRun):  # another config, listed but not counted
         id = "ghi"
-        config = {**FakeRun.config, "trainer": {"seed": 2},
-                  "run_dir": "/somewhere/runs/c4_small_dense/ffn.k=2"}
+        config = {**logged, "trainer": {**logged["trainer"], "seed": 2},
+                  "ffn": {**logged["ffn"], "d_ff": 1024},
+                  "run_dir": "/somewhere/runs/c4_small_dense/ffn.d_ff=1024,trainer.seed=2"}
         summary = {"valid_ppl": 2.0, "test_ppl": 2.0}
 
+    class Stale(FakeRun):  # trained before the exp file changed d_ff: listed, not counted
+        id = "jkl"
+        config = {**logged, "trainer": {**logged["trainer"], "seed": 3},
+                  "ffn": {**logged["ffn"], "d_ff": 2048}}
+        summary = {"valid_ppl": 3.0, "test_ppl": 3.0}
+
     fake = types.SimpleNamespace(Api=lambda: types.SimpleNamespace(
-        runs=lambda p: [FakeRun, Crashed, OtherOverrides]))
+        runs=lambda p: [FakeRun, Crashed, OtherOverrides, Stale]))
     monkeypatch.setitem(sys.modules, "wandb", fake)
     text = paper_tables.main(["--exp-dir", str(exps), "--runs", str(tmp_path / "runs"),
                               "--table", "c4_pes2o", "--wandb", "me/proj"])
     rows = [line for line in text.splitlines() if line.startswith("| ") and "C4-S" not in line]
     assert rows == ["| Dense | 24.00 / 23.76 (Δ +0.24) |",
                     "| σ-MoE | 23.00 / 23.25 (Δ -0.25) · 47.3M |"]
-    assert "Missing runs" not in text
+    assert text.split("Not counted:\n")[1].splitlines()[:2] == [
+        "- wandb:me/proj/ghi: c4_small_dense with overrides ffn.d_ff=1024 (--all-overrides "
+        "counts it)",
+        f"- wandb:me/proj/jkl: config differs from {exps / 'c4_small_dense.yaml'} (stale, or "
+        f"made with other settings)"]
+
+
+def test_wandb_without_a_login_is_one_line(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc, no wandb settings
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb"))
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    with pytest.raises(SystemExit) as e:
+        paper_tables.main(["--runs", str(tmp_path), "--wandb", "foo/bar"])
+    assert e.value.code == ("error: --wandb foo/bar: not logged in to wandb; run `wandb login` "
+                            "or set WANDB_API_KEY")
 
 
 def test_results_without_a_number_for_the_metric_are_skipped_with_a_warning(tmp_path, capsys):
