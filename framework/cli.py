@@ -246,9 +246,13 @@ def _choose_run_dir(cfg: dict[str, Any], run_dir: Path) -> Path | None:
     if done is not None:
         if done.get("config_hash") in run_hashes(cfg):
             metric = done.get("metric", "loss")
-            print(f"this run already finished: valid {metric} "
-                  f"{done['valid'][metric]:.4f}, test {metric} {done['test'][metric]:.4f}; "
-                  f"results in {run_dir / 'results.json'} (fresh=true starts a new run)")
+            try:
+                numbers = (f": valid {metric} {done['valid'][metric]:.4f}, test {metric} "
+                           f"{done['test'][metric]:.4f}")
+            except (KeyError, TypeError, ValueError):  # an edited or foreign results.json
+                numbers = ""
+            print(f"this run already finished{numbers}; results in "
+                  f"{run_dir / 'results.json'} (fresh=true starts a new run)")
             return None
         raise ConfigError(f"{run_dir} holds a finished run with another config; pass "
                           f"fresh=true (a new sibling directory) or choose another directory "

@@ -363,6 +363,12 @@ def test_finished_run_is_not_retrained_and_fresh_starts_anew(tmp_path, reference
     assert (run_dir / "results.json").stat().st_mtime_ns == before
     rc, out, _ = cli(run_dir, "fresh=true")
     assert rc == 0 and (tmp_path / "run-2" / "results.json").exists()
+    # a results.json without the numbers (edited by hand) still marks the run finished
+    res = json.loads((tmp_path / "run-2" / "results.json").read_text())
+    (tmp_path / "run-2" / "results.json").write_text(json.dumps({**res, "test": {}}))
+    from framework.cli import choose_run_dir
+
+    assert choose_run_dir(compose_cfg(OVERRIDES), tmp_path / "run-2") is None
     assert (run_dir / "results.json").stat().st_mtime_ns == before
 
 
