@@ -35,12 +35,14 @@ import statistics
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from scripts.run_results import (  # noqa: E402
     by_experiment,
     find_runs,
     fmt_metric,
+    missing_commands,
     ours_text,
     run_roots,
 )
@@ -192,16 +194,18 @@ class Collected:
     params: dict[tuple[str, str], float]
     speed: dict[tuple[str, str], dict[str, float | None]]  # tok_s, train_s, peak_rss_mb
     skipped: list[str]  # runs left out, as find_runs describes them
+    seeds: dict[str, list[Any]]  # experiment -> the seeds it has
 
 
 def collect(roots: list[Path], exp_dir: Path, all_overrides: bool = False) -> Collected:
     runs, skipped = find_runs(roots, exp_dir, all_overrides)
     grouped = by_experiment(runs)
     mini = [s for s in skipped if (s.name or "").startswith("mini_") or "/mini_" in str(s.path)]
-    out = Collected({}, {}, {}, {}, [str(s) for s in mini])
+    out = Collected({}, {}, {}, {}, [str(s) for s in mini], {})
     for data, col in DATASETS.items():
         for variant in VARIANTS:
             found = grouped.get(exp_name(data, variant), [])
+            out.seeds[exp_name(data, variant)] = [r.seed for r in found]
             if not found:
                 continue
             key = (variant, col)
@@ -237,11 +241,8 @@ def render_results(c: Collected, rows: dict[str, str]) -> str:
             cells.append(text)
         lines.append(f"| {rows.get(variant, variant)} | " + " | ".join(cells) + " |")
     lines += ["", "Each cell: mean ± sample std over seeds (n seeds) · parameter count."]
-    missing = [exp_name(d, v) for d, col in DATASETS.items() for v in VARIANTS
-               if not c.values.get((v, col))]
-    if missing:
-        lines += ["", "Missing runs:",
-                  f"- `python run.py -m +sweep=mini +exp={','.join(missing)}`"]
+    if missing := missing_commands("mini", c.seeds):
+        lines += ["", "Missing runs:", *[f"- `{cmd}`" for cmd in missing]]
     if c.skipped:
         lines += ["", "Not counted:", *[f"- {s}" for s in c.skipped]]
     return "\n".join(lines) + "\n"

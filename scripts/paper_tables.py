@@ -18,7 +18,8 @@ averaged: mean ± sample std (n - 1).
 
 Metric: test for WikiText-103 / Enwik8, validation for C4 and peS2o (the paper reports
 validation perplexity there). Each cell: ours [± std] (n seeds) / paper (Δ = ours - paper)
-· our parameter count. A missing run is `—`; the command producing it is listed below.
+· our parameter count. A missing run is `—`; the commands producing the missing runs and
+seeds (of the table's sweep, configs/sweep/<table>.yaml) are listed below.
 The relative FLOPs table is computed from the experiment configs (scripts/flops_table.py).
 """
 from __future__ import annotations
@@ -42,6 +43,7 @@ from scripts.run_results import (  # noqa: E402
     by_experiment,
     find_runs,
     fmt_metric,
+    missing_commands,
     ours_text,
     run_roots,
     wandb_runs,
@@ -177,7 +179,7 @@ class Table:
     rows: list[tuple[str, list[str], list[Cell | str]]]  # label, lead values, cells
     lead: list[str] = field(default_factory=list)  # lead column names (e.g. G, K)
     header_rows: list[tuple[str, list[str]]] = field(default_factory=list)
-    missing: list[str] = field(default_factory=list)  # commands producing missing runs
+    missing: list[str] = field(default_factory=list)  # commands producing missing seeds
     notes: list[str] = field(default_factory=list)
 
 
@@ -209,6 +211,7 @@ def build_table(table: str, exps: dict[str, Experiment], runs: dict[str, list[Ru
                 skipped: list[Skipped] = ()) -> Table:
     rows, cols, grid = _layout(table, exps)
     out = Table(table, TABLES[table].title, cols, [])
+    seeds: dict[str, list[Any]] = {}  # experiment stem -> the seeds it has, in table order
     for row in rows:
         cells: list[Cell | str] = []
         for col in cols:
@@ -220,17 +223,16 @@ def build_table(table: str, exps: dict[str, Experiment], runs: dict[str, list[Ru
             if table == "moe":
                 cell.flops = config_relative_flops(exp.cfg)
             found = runs.get(exp.name, [])
+            seeds[exp.stem] = [r.seed for r in found]
             if found:
                 cell.metric = found[0].metric
                 split = exp.split
                 cell.ours = [getattr(r, split)[r.metric] for r in found]
                 counts = [r.n_params for r in found if r.n_params]
                 cell.n_params = statistics.fmean(counts) if counts else None
-            else:
-                cmd = f"python run.py +exp={exp.stem}"
-                out.missing += [cmd] if cmd not in out.missing else []
             cells.append(cell)
         out.rows.append((row, [], cells))
+    out.missing = missing_commands(table, seeds)  # each table has its sweep (make_sweeps.py)
     names = {grid[k][0].name for k in grid}
     out.notes = [str(s) for s in skipped if s.name in names]
     return out
@@ -299,11 +301,8 @@ def latex_escape(s: str) -> str:
 LEGEND = ("Each cell: ours ± sample std over seeds (n seeds) / paper (Δ = ours − paper) · our "
           "parameter count. Metric: test bpc/ppl for WikiText-103 and Enwik8, validation ppl "
           "for C4 and peS2o. `—`: not run yet.")
-
-
-def multirun(commands: list[str]) -> str:
-    names = ",".join(c.split("+exp=", 1)[1] for c in commands)
-    return f"python run.py --multirun +exp={names}"
+MISSING = ("Missing runs (Slurm jobs; `hydra/launcher=submitit_local` runs them on this "
+           "machine; docs/cluster.md):")
 
 
 def render_markdown(t: Table) -> str:
@@ -317,9 +316,7 @@ def render_markdown(t: Table) -> str:
     if t.name != FLOPS:
         lines += ["", LEGEND]
     if t.missing:
-        lines += ["", "Missing runs:", *[f"- `{cmd}`" for cmd in t.missing]]
-        if len(t.missing) > 1:
-            lines.append(f"- all of them: `{multirun(t.missing)}`")
+        lines += ["", MISSING, *[f"- `{cmd}`" for cmd in t.missing]]
     if t.notes:
         lines += ["", "Not counted:", *[f"- {n}" for n in t.notes]]
     return "\n".join(lines) + "\n"
@@ -340,7 +337,6 @@ def render_latex(t: Table) -> str:
                                  *(cell_text(c, latex=True) for c in cells)]) + " \\\\")
     lines += ["\\bottomrule", "\\end{tabular}", "\\end{table*}"]
     lines += [f"% missing: {cmd}" for cmd in t.missing]
-    lines += [f"% all of them: {multirun(t.missing)}"] if len(t.missing) > 1 else []
     lines += [f"% not counted: {n}" for n in t.notes]
     return "\n".join(lines) + "\n"
 

@@ -178,10 +178,14 @@ class Judge:
 
 def run_roots(given: list[Path] | None, default: Path) -> list[Path]:
     """The --runs roots: each given one must be a directory (a typo would list every run as
-    missing); the default may not exist yet (nothing has run: the tables say what to run)."""
+    missing); the default may not exist yet (nothing has run: the tables say what to run),
+    or the script was started from another directory: a note says so."""
     for root in given or ():
         if not root.is_dir():
             sys.exit(f"error: --runs {root} is not a directory")
+    if not given and not default.is_dir():
+        print(f"note: no {default}/ in {Path.cwd()}; if runs exist elsewhere, point --runs at "
+              f"their directory", file=sys.stderr)
     return given or [default]
 
 
@@ -309,10 +313,35 @@ def fmt_metric(x: float, metric: str, sign: bool = False) -> str:
 
 
 def ours_text(values: list[float], metric: str, pm: str = " ± ") -> str:
-    """'mean ± std (n=k)' of the seeds of one cell (no std for one seed)."""
+    """'mean ± std (n=k)' of the seeds of one cell (no std for one seed; always the n, so
+    that a partial sweep shows)."""
     mean, std = mean_std(values)
     text = fmt_metric(mean, metric) + ("" if std is None else pm + fmt_metric(std, metric))
-    return text + (f" (n={len(values)})" if len(values) > 1 else "")
+    return text + f" (n={len(values)})"
+
+
+# -- what is missing --------------------------------------------------------------------------
+def sweep_seeds(sweep: str) -> list[int]:
+    """The seeds configs/sweep/<sweep>.yaml trains each experiment with."""
+    import yaml
+
+    path = ROOT / "configs" / "sweep" / f"{sweep}.yaml"
+    params = yaml.safe_load(path.read_text())["hydra"]["sweeper"]["params"]
+    return [int(s) for s in str(params["trainer.seed"]).split(",")]
+
+
+def missing_commands(sweep: str, found: dict[str, list[Any]]) -> list[str]:
+    """The commands that train what `found` (experiment -> the seeds it has) lacks of the
+    sweep's seeds, in the form docs/cluster.md launches a table with: one command per set of
+    missing seeds, the sweep's own seeds left to the sweep file."""
+    every = sweep_seeds(sweep)
+    groups: dict[tuple[int, ...], list[str]] = {}
+    for name, seeds in found.items():
+        if lacking := tuple(s for s in every if s not in seeds):
+            groups.setdefault(lacking, []).append(name)
+    return [f"python run.py -m +sweep={sweep} +exp={','.join(names)}"
+            + ("" if list(lacking) == every else f" trainer.seed={','.join(map(str, lacking))}")
+            for lacking, names in groups.items()]
 
 
 if __name__ == "__main__":  # a library without a CLI: say which scripts read the runs

@@ -125,7 +125,14 @@ def test_report_from_run_directories(tmp_path):
     # throughput: median tok/s, ratio to dense, mean train seconds, peak RSS when recorded
     assert "| Dense | 1,000 | 1.00 | 31.0 | — | — | — | — | — |" in lines
     assert "| σ-MoE (ours) | 2,000 | 2.00 | 31.0 | 401 |" in text
-    assert "mini_enwik_topk" in text.split("Missing runs:")[1]  # with the command to run it
+    fake_run(root, "mini_wiki_dense", 1, 5.0, [1000.0])  # 1 of 3 seeds: a partial cell
+    text = mini_claims.main(["--runs", str(tmp_path / "runs")])
+    assert "| Dense | 2.000 ± 0.010 (n=3) · 0.916M | 5.000 (n=1) · 0.916M |" in text
+    missing = text.split("Missing runs:\n")[1].split("\n\n")[0].splitlines()
+    assert missing[0].startswith("- `python run.py -m +sweep=mini +exp=mini_enwik_topk,")
+    assert "mini_enwik_dense," not in missing[0] and "mini_wiki_dense," not in missing[0]
+    assert missing[1:] == ["- `python run.py -m +sweep=mini +exp=mini_wiki_dense "
+                           "trainer.seed=0,2`"]
     assert text.split("Not counted:\n")[1].split("\n\n")[0].splitlines() == [
         f"- {tmp_path / 'runs/smoke'}: config differs from "
         "configs/exp/mini_enwik_switch.yaml (stale, or made with other settings)",
@@ -148,12 +155,14 @@ def test_an_unreadable_results_file_is_warned_about_and_labelled(tmp_path, capsy
     assert capsys.readouterr().err == f"warning: {why}\n"
 
 
-def test_runs_must_exist_unless_the_default(tmp_path, monkeypatch):
+def test_runs_must_exist_unless_the_default(tmp_path, monkeypatch, capsys):
     with pytest.raises(SystemExit) as e:  # a typo: not every run listed as missing
         mini_claims.main(["--runs", str(tmp_path / "nope")])
     assert e.value.code == f"error: --runs {tmp_path / 'nope'} is not a directory"
     monkeypatch.chdir(tmp_path)  # the default runs/sweeps/mini need not exist yet
     assert "mini_enwik_dense" in mini_claims.main([]).split("Missing runs:")[1]
+    assert capsys.readouterr().err == (f"note: no runs/sweeps/mini/ in {tmp_path}; if runs "
+                                       "exist elsewhere, point --runs at their directory\n")
 
 
 # -- the experiments and the sweep -------------------------------------------------------------

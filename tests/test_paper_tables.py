@@ -113,8 +113,9 @@ def test_mean_std_over_two_seeds_and_missing_runs(tiny):
         f"{mean:.3f} ± {std:.3f} (n=2) / 3.00 (Δ {mean - 3.0:+.3f}) · {params} · 100.0% FLOPs",
         ""]  # no experiment for (Dense, Mini-B)
     assert rows[1][1:] == ["— / 2.90 · 0.05M · 25.0% FLOPs", "— / n/a · 0.05M · 25.0% FLOPs"]
-    missing = lines[lines.index("Missing runs:") + 1:]
-    assert missing == ["- `python run.py +exp=tiny_moe`"]
+    missing = lines[lines.index(paper_tables.MISSING) + 1:]
+    assert missing == ["- `python run.py -m +sweep=moe +exp=tiny_dense trainer.seed=2`",
+                       "- `python run.py -m +sweep=moe +exp=tiny_moe`"]  # the sweep's seeds
 
 
 def test_all_tables_latex_and_one_seed(tiny, tmp_path):
@@ -125,9 +126,12 @@ def test_all_tables_latex_and_one_seed(tiny, tmp_path):
                               "--format", "latex"])
     assert text.count("\\begin{tabular}") == 3  # dense, moe, flops (no other table entries)
     bpc = results[0]["test"]["bpc"]
-    assert f"Dense & {bpc:.3f} / 3.00 ($\\Delta$ {bpc - 3.0:+.3f})" in text  # one seed: no std
+    # one of the sweep's three seeds: no std, but the n shows, and the missing seeds
+    assert f"Dense & {bpc:.3f} (n=1) / 3.00 ($\\Delta$ {bpc - 3.0:+.3f})" in text
     assert "$\\sigma$-MoE & --- / 2.90" in text and "25.0\\% FLOPs" in text
-    assert "% missing: python run.py +exp=tiny_moe" in text
+    assert "% missing: python run.py -m +sweep=dense +exp=tiny_dense trainer.seed=1,2" in text
+    assert "% missing: python run.py -m +sweep=moe +exp=tiny_dense trainer.seed=1,2" in text
+    assert "% missing: python run.py -m +sweep=moe +exp=tiny_moe\n" in text
 
 
 def test_which_runs_count(tiny, tmp_path, capsys):
@@ -225,8 +229,8 @@ def test_c4_uses_validation_and_wandb_runs(tmp_path, monkeypatch):
     text = paper_tables.main(["--exp-dir", str(exps), "--runs", str(tmp_path / "runs"),
                               "--table", "c4_pes2o", "--wandb", "me/proj"])
     rows = [line for line in text.splitlines() if line.startswith("| ") and "C4-S" not in line]
-    assert rows == ["| Dense | 24.00 / 23.76 (Δ +0.24) |",
-                    "| σ-MoE | 23.00 / 23.25 (Δ -0.25) · 47.3M |"]
+    assert rows == ["| Dense | 24.00 (n=1) / 23.76 (Δ +0.24) |",
+                    "| σ-MoE | 23.00 (n=1) / 23.25 (Δ -0.25) · 47.3M |"]
     assert text.split("Not counted:\n")[1].splitlines()[:2] == [
         "- wandb:me/proj/ghi: c4_small_dense with overrides ffn.d_ff=1024 (--all-overrides "
         "counts it)",
@@ -311,10 +315,17 @@ def test_runs_must_exist_unless_the_default(tmp_path, monkeypatch, capsys):
         with pytest.raises(SystemExit) as e:  # a typo: not every run listed as missing
             paper_tables.main(["--runs", str(tmp_path), str(tmp_path / "nope"), *mini])
         assert e.value.code == f"error: --runs {tmp_path / 'nope'} is not a directory"
-    # the default runs/ need not exist yet: nothing has run, the tables say what to run
+    # the default runs/ need not exist yet: nothing has run, the tables say what to run; or
+    # the script was started elsewhere: a note says where it looked
     paper_grid(tmp_path / "exp")
     monkeypatch.chdir(tmp_path)
+    capsys.readouterr()
     assert "Tab. flops_detailed" in paper_tables.main(["--exp-dir", "exp", "--table", "flops"])
+    assert capsys.readouterr().err == (f"note: no runs/ in {tmp_path}; if runs exist elsewhere, "
+                                       "point --runs at their directory\n")
+    (tmp_path / "runs").mkdir()
+    paper_tables.main(["--exp-dir", "exp", "--table", "flops"])
+    assert capsys.readouterr().err == ""
 
 
 @pytest.mark.parametrize("library, use", [
