@@ -97,10 +97,11 @@ def expected_files(exp_dir: Path = EXP_DIR, sweep_dir: Path = SWEEP_DIR) -> dict
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--check", action="store_true",
-                    help="write nothing; exit 1 if a sweep file is out of date")
-    ap.add_argument("--list", nargs="+", choices=list(TABLES), metavar="TABLE",
-                    help="print the experiments of these tables, comma-separated")
+    mode = ap.add_mutually_exclusive_group()  # --list writes and checks nothing
+    mode.add_argument("--check", action="store_true",
+                      help="write nothing; exit 1 if a sweep file is out of date")
+    mode.add_argument("--list", nargs="+", choices=list(TABLES), metavar="TABLE",
+                      help="print the experiments of these tables, comma-separated")
     args = ap.parse_args(argv)
     if args.list:
         tables = table_experiments()

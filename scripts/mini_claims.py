@@ -312,6 +312,8 @@ def main(argv: list[str] | None = None) -> str:
                     help="also count runs whose directory shows overrides besides "
                          "trainer.seed, for seeds no run of the experiment's own config has")
     args = ap.parse_args(argv)
+    if not args.exp_dir.is_dir():  # else every variant would print as missing
+        ap.error(f"--exp-dir {args.exp_dir} is not a directory")
     text = report(args.exp_dir, run_roots(args.runs, Path("runs/sweeps/mini")),
                   args.all_overrides)
     print(text, end="")

@@ -369,10 +369,16 @@ def main(argv: list[str] | None = None) -> str:
     ap.add_argument("--flops-selector", action="store_true",
                     help="count the selector N_E*d_model in the FLOPs table (the paper does not)")
     ap.add_argument("--mini", action="store_true",
-                    help="the laptop-scale tables and claim checks (configs/sweep/mini.yaml)")
+                    help="the laptop-scale tables and claim checks (configs/sweep/mini.yaml; "
+                         "Markdown from local runs: --runs, --exp-dir, --all-overrides only)")
     args = ap.parse_args(argv)
     if not args.exp_dir.is_dir():
         ap.error(f"--exp-dir {args.exp_dir} is not a directory")
+    if args.mini and (unused := [flag for flag, given in (
+            ("--table", args.table), ("--format", args.format != "markdown"),
+            ("--wandb", args.wandb), ("--flops-selector", args.flops_selector)) if given]):
+        ap.error(f"--mini prints the mini report (Markdown, from local runs) and takes no "
+                 f"{', '.join(unused)}")
     args.runs = run_roots(args.runs, Path("runs"))
     if args.mini:
         from scripts.mini_claims import report

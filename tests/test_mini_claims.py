@@ -159,6 +159,11 @@ def test_runs_must_exist_unless_the_default(tmp_path, monkeypatch, capsys):
     with pytest.raises(SystemExit) as e:  # a typo: not every run listed as missing
         mini_claims.main(["--runs", str(tmp_path / "nope")])
     assert e.value.code == f"error: --runs {tmp_path / 'nope'} is not a directory"
+    with pytest.raises(SystemExit) as e:  # as paper_tables: not every variant missing
+        mini_claims.main(["--exp-dir", str(tmp_path / "nope")])
+    assert e.value.code == 2
+    assert capsys.readouterr().err.endswith(f"error: --exp-dir {tmp_path / 'nope'} is not a "
+                                            "directory\n")
     monkeypatch.chdir(tmp_path)  # the default runs/sweeps/mini need not exist yet
     assert "mini_enwik_dense" in mini_claims.main([]).split("Missing runs:")[1]
     assert capsys.readouterr().err == (f"note: no runs/sweeps/mini/ in {tmp_path}; if runs "

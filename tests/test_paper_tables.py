@@ -14,7 +14,7 @@ from framework.experiment import run_hashes
 from models.ffn.dense import DenseConfig
 from models.ffn.experts import ExpertsConfig
 from models.flops import ffn_flops, relative_ffn_flops
-from scripts import paper_tables, plot_bench, run_results
+from scripts import make_sweeps, paper_tables, plot_bench, run_results
 from scripts.flops_table import config_relative_flops
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -326,6 +326,26 @@ def test_runs_must_exist_unless_the_default(tmp_path, monkeypatch, capsys):
     (tmp_path / "runs").mkdir()
     paper_tables.main(["--exp-dir", "exp", "--table", "flops"])
     assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("argv, error", [
+    (["--mini", "--format", "latex", "--table", "moe", "--wandb", "x/y"],
+     "--mini prints the mini report (Markdown, from local runs) and takes no --table, "
+     "--format, --wandb"),
+    (["--mini", "--flops-selector"], "takes no --flops-selector"),
+    (["--exp-dir", "/nonexistent"], "--exp-dir /nonexistent is not a directory"),
+])
+def test_flags_that_would_be_ignored_are_refused(argv, error, tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:  # not the Markdown mini report, silently
+        paper_tables.main(["--runs", str(tmp_path), *argv])
+    assert e.value.code == 2 and error in capsys.readouterr().err.splitlines()[-1]
+
+
+def test_make_sweeps_check_and_list_exclude_each_other(capsys):
+    """(scripts/make_sweeps.py writes the sweeps whose commands the tables print.)"""
+    with pytest.raises(SystemExit) as e:  # --list alone would not check anything
+        make_sweeps.main(["--check", "--list", "moe"])
+    assert e.value.code == 2 and "not allowed with argument --check" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("library, use", [
