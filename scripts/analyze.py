@@ -10,7 +10,9 @@ For each run (a run directory: its config.yaml and newest valid checkpoint; or o
 checkpoint file inside a run directory) the model and data are rebuilt exactly as the run
 built them, one evaluation pass with routing statistics runs (`LMTask.evaluate(...,
 stats=True)`, the numbers of models/ffn/base.py `RoutingStats.summary()`), and the figures
-are drawn, each as PNG and PDF, beside `analysis.json` with every number they show:
+are drawn, each as PNG and PDF, beside `analysis.json` with every number they show (by
+default in `<first run>/analysis/<split>/`, so the two splits of Fig. 1 do not overwrite
+each other):
 
 * active_channels: non-zero hidden channels of u per layer, mean ± std over tokens
   (dense and top-k models; paper Fig. 1).
@@ -42,16 +44,21 @@ from matplotlib.ticker import MaxNLocator  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
-def load_run(path: Path) -> tuple[Path, dict[str, Any], dict[str, Any]]:
-    """(run_dir, config, checkpoint state) of a run directory or of one checkpoint file."""
+def run_config(path: Path) -> tuple[Path, dict[str, Any]]:
+    """(run_dir, config) of a run directory or of one checkpoint file."""
     from omegaconf import OmegaConf
-
-    from framework.checkpoint import load_checkpoint, load_latest
 
     run_dir = path.parent if path.is_file() else path
     if not (run_dir / "config.yaml").exists():
         raise SystemExit(f"error: {run_dir} has no config.yaml (not a run directory)")
-    cfg = OmegaConf.to_container(OmegaConf.load(run_dir / "config.yaml"), resolve=True)
+    return run_dir, OmegaConf.to_container(OmegaConf.load(run_dir / "config.yaml"), resolve=True)
+
+
+def load_run(path: Path) -> tuple[Path, dict[str, Any], dict[str, Any]]:
+    """(run_dir, config, checkpoint state) of a run directory or of one checkpoint file."""
+    from framework.checkpoint import load_checkpoint, load_latest
+
+    run_dir, cfg = run_config(path)
     state = load_checkpoint(path) if path.is_file() else load_latest(run_dir)
     if state is None:
         raise SystemExit(f"error: no valid checkpoint in {run_dir}; train the run first")
@@ -211,7 +218,7 @@ def main(argv: list[str] | None = None) -> list[Path]:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("paths", type=Path, nargs="+", metavar="CHECKPOINT_OR_RUN_DIR")
     ap.add_argument("--split", default="valid", choices=("train", "valid", "test"))
-    ap.add_argument("--out", type=Path, help="default: <first run dir>/analysis")
+    ap.add_argument("--out", type=Path, help="default: <first run dir>/analysis/<split>")
     ap.add_argument("--max-segments", type=int,
                     help="evaluate the first N segments (0 = whole split; default: the "
                          "run's task.final_segments)")
@@ -219,15 +226,18 @@ def main(argv: list[str] | None = None) -> list[Path]:
                                               "layer only, numbered from 1")
     ap.add_argument("--device", default="auto")
     args = ap.parse_args(argv)
+    if args.max_segments is not None and args.max_segments < 0:
+        ap.error(f"--max-segments {args.max_segments}: must be >= 0 (0 = the whole split)")
+    if args.layer is not None:  # before the evaluation, which can take long
+        n_layers = min(int(run_config(p)[1]["model"]["n_layers"]) for p in args.paths)
+        if not 1 <= args.layer <= n_layers:
+            ap.error(f"--layer {args.layer}: the runs have layers 1..{n_layers}")
     runs = [analyze(p, args.split, args.max_segments, args.device) for p in args.paths]
-    n_layers = min(len(r["layers"]) for r in runs)
-    if args.layer is not None and not 1 <= args.layer <= n_layers:
-        ap.error(f"--layer {args.layer}: the runs have layers 1..{n_layers}")
     labels = [r["label"] for r in runs]
     for i, r in enumerate(runs):  # two seeds of one experiment: tell them apart
         if labels.count(r["label"]) > 1:
             r["label"] = f"{r['label']}#{i}"
-    out = args.out or Path(runs[0]["run_dir"]) / "analysis"
+    out = args.out or Path(runs[0]["run_dir"]) / "analysis" / args.split  # splits side by side
     paths = write_figures(runs, out, args.layer)
     for r in runs:
         print(f"{r['label']}: {r['split']} {r['metric']} {r[r['metric']]:.4f} "

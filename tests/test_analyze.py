@@ -77,8 +77,33 @@ def test_moe_analysis_matches_the_runs_own_statistics(runs, tmp_path):
     assert "expert_usage_layer2.pdf" in files(paths)
     [res] = json.loads((tmp_path / "l2" / "analysis.json").read_text())["runs"]
     assert res["split"] == "test" and res["tokens"] == 2 * 32
-    with pytest.raises(SystemExit):
-        analyze.main([str(runs / "moe"), "--out", str(tmp_path / "x"), "--layer", "3"])
+
+
+def test_bad_arguments_stop_before_the_evaluation(runs, monkeypatch, capsys):
+    def evaluate(*args, **kwargs):
+        raise AssertionError("evaluated before checking the arguments")
+
+    monkeypatch.setattr(analyze, "analyze", evaluate)
+    for argv, error in ((["--layer", "3"], "--layer 3: the runs have layers 1..2"),
+                        (["--layer", "0"], "--layer 0: the runs have layers 1..2"),
+                        (["--max-segments", "-1"],  # would read the whole split, silently
+                         "--max-segments -1: must be >= 0 (0 = the whole split)")):
+        with pytest.raises(SystemExit) as e:
+            analyze.main([str(runs / "moe"), *argv])
+        assert e.value.code == 2
+        assert capsys.readouterr().err.splitlines()[-1].endswith(f"error: {error}")
+
+
+def test_default_output_per_split(runs, tmp_path, capsys):
+    """docs/reproducing.md runs both splits for Fig. 1: the second must not overwrite."""
+    run_dir = tmp_path / "dense"
+    shutil.copytree(runs / "dense", run_dir)
+    for split in ("test", "valid"):
+        analyze.main([str(run_dir), "--split", split, "--max-segments", "1"])
+    for split in ("test", "valid"):
+        [res] = json.loads((run_dir / "analysis" / split / "analysis.json").read_text())["runs"]
+        assert res["split"] == split
+    assert f"wrote 3 files to {run_dir / 'analysis' / 'valid'}" in capsys.readouterr().out
 
 
 def test_hand_built_routing(tmp_path):
