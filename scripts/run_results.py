@@ -129,6 +129,11 @@ def _whole_floats_as_ints(node: Any) -> Any:
     return int(node) if isinstance(node, float) and node.is_integer() else node
 
 
+def _shown(path: Path) -> Path:
+    """configs/exp/... rather than the checkout's absolute path."""
+    return path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
+
+
 @dataclass
 class Judge:
     """Whether a run counts as a seed of its experiment (module docstring)."""
@@ -142,8 +147,7 @@ class Judge:
         why not). `run_hash`: its results.json's; `logged`: its config as wandb logged it."""
         from framework.experiment import config_hash, run_hashes
 
-        where = self.exp_dir / f"{name}.yaml"
-        where = where.relative_to(ROOT) if where.is_relative_to(ROOT) else where
+        where = _shown(self.exp_dir / f"{name}.yaml")
         cfg = self.configs.get(name)
         if cfg is None:
             return False, f"no {where}"
@@ -239,7 +243,7 @@ def find_runs(roots: list[Path], exp_dir: Path, all_overrides: bool = False
                         res.get("n_params"), str(path.parent), path.stat().st_mtime, res, own))
     if unchecked:
         print(f"warning: {len(unchecked)} counted run(s) record no config_hash, so their config "
-              f"is not checked against {exp_dir} (e.g. {unchecked[0]})", file=sys.stderr)
+              f"is not checked against {_shown(exp_dir)} (e.g. {unchecked[0]})", file=sys.stderr)
     return runs, skipped
 
 
