@@ -20,11 +20,15 @@ from framework.config import ConfigError
 
 # Keys that do not change what is computed, so they do not change the run's identity
 # (nan_policy only acts once a step is non-finite: rerunning a diverged run with
-# trainer.nan_policy=skip resumes it from its last good checkpoint).
+# trainer.nan_policy=skip resumes it from its last good checkpoint; grad_accum splits the
+# same batch into micro-batches for the same optimizer step: a run that ran out of memory
+# resumes with trainer.grad_accum=2, and counts as its experiment's run in the tables).
 VOLATILE = ("logger", "mode", "fresh", "paper", "sweep_name")
-VOLATILE_TRAINER = ("progress", "log_every", "device", "nan_policy")
-# earlier VOLATILE_TRAINER sets: runs started before a key joined keep their old hash
-EARLIER_VOLATILE_TRAINER = (("progress", "log_every", "device"),)
+VOLATILE_TRAINER = ("progress", "log_every", "device", "nan_policy", "grad_accum")
+# earlier VOLATILE_TRAINER sets, newest first: runs started before a key joined keep their
+# old hash
+EARLIER_VOLATILE_TRAINER = (("progress", "log_every", "device", "nan_policy"),
+                            ("progress", "log_every", "device"))
 
 
 def config_hash(cfg: dict[str, Any], volatile_trainer: tuple[str, ...] = VOLATILE_TRAINER

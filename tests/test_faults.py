@@ -409,15 +409,16 @@ def test_same_seed_same_losses(tmp_path):
     assert strip(a) == strip(b)
 
 
-def test_runs_hashed_by_an_earlier_version_are_still_this_run(tmp_path):
-    """nan_policy left the run identity later: runs started before keep their old hash and
-    must still resume, and count as finished."""
+@pytest.mark.parametrize("earlier", [0, 1])
+def test_runs_hashed_by_an_earlier_version_are_still_this_run(tmp_path, earlier):
+    """nan_policy, then grad_accum left the run identity later: runs started before keep
+    their old hash and must still resume, and count as finished."""
     from framework.cli import choose_run_dir
     from framework.experiment import EARLIER_VOLATILE_TRAINER, config_hash
 
     cfg = compose_cfg([*OVERRIDES, "trainer.steps=2"])
     RUN(cfg, tmp_path)
-    old = config_hash(cfg, EARLIER_VOLATILE_TRAINER[0])
+    old = config_hash(cfg, EARLIER_VOLATILE_TRAINER[earlier])
     assert old != config_hash(cfg)
     (tmp_path / "results.json").unlink()
     state = load_checkpoint(list_checkpoints(tmp_path)[-1])
@@ -426,6 +427,21 @@ def test_runs_hashed_by_an_earlier_version_are_still_this_run(tmp_path):
     res = json.loads((tmp_path / "results.json").read_text())
     (tmp_path / "results.json").write_text(json.dumps({**res, "config_hash": old}))
     assert choose_run_dir(cfg, tmp_path) is None  # finished
+
+
+def test_a_run_resumes_with_another_grad_accum(tmp_path):
+    """Out of memory: rerun with trainer.grad_accum=2, the same run (same batch per step)."""
+    from framework.cli import choose_run_dir
+
+    cfg = compose_cfg([*OVERRIDES, "trainer.steps=3", "trainer.ckpt_every=2"])
+    RUN(cfg, tmp_path)
+    (tmp_path / "results.json").unlink()  # as if killed after the step-2 checkpoint
+    for p in tmp_path.glob("checkpoint_00000003.pt*"):
+        p.unlink()
+    split = {**cfg, "trainer": {**cfg["trainer"], "grad_accum": 2}}
+    assert choose_run_dir(split, tmp_path) == tmp_path
+    assert RUN(split, tmp_path)["steps"] == 3
+    assert choose_run_dir(cfg, tmp_path) is None  # finished, for either split
 
 
 def test_checkpoints_of_another_config_are_not_resumed(tmp_path):
