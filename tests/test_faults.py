@@ -123,6 +123,19 @@ def test_kill9_during_checkpoint_write_then_rerun_matches(tmp_path, reference):
     same_results(tmp_path / "run", reference)
 
 
+def rerun_resumes(run_dir: Path) -> None:
+    """An interrupt at step >= 3 left one checkpoint; rerunning resumes from it, and the
+    run's training time counts both processes (the throughput tables divide by it)."""
+    (ckpt,) = list_checkpoints(run_dir)
+    assert 3 <= int(ckpt.stem.split("_")[1]) < 10
+    trained = load_checkpoint(ckpt)["train_seconds"]
+    assert trained > 0
+    rc, out, err = cli(run_dir, "trainer.ckpt_every=1000")
+    assert rc == 0 and "resumed from step" in out + err, err
+    results = json.loads((run_dir / "results.json").read_text())
+    assert results["train_seconds"] > round(trained, 1)
+
+
 def test_sigterm_checkpoints_and_rerun_resumes(tmp_path, reference):
     proc = cli(tmp_path / "run", "trainer.ckpt_every=1000", wait=False)
     wait_for_step(tmp_path / "run", 3, proc)
@@ -130,15 +143,7 @@ def test_sigterm_checkpoints_and_rerun_resumes(tmp_path, reference):
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == -signal.SIGTERM, err
     assert "SIGTERM at step" in out + err and "rerun the same command" in out + err
-    (ckpt,) = list_checkpoints(tmp_path / "run")
-    assert 3 <= int(ckpt.stem.split("_")[1]) < 10
-    trained = load_checkpoint(ckpt)["train_seconds"]
-    assert trained > 0
-    rc, out, err = cli(tmp_path / "run", "trainer.ckpt_every=1000")
-    assert rc == 0 and "resumed from step" in out + err, err
-    # the training time of both processes (the throughput tables divide by it)
-    assert json.loads((tmp_path / "run" / "results.json").read_text())["train_seconds"] > (
-        round(trained, 1))
+    rerun_resumes(tmp_path / "run")
 
 
 def test_ctrl_c_checkpoints_after_the_step_and_rerun_resumes(tmp_path, reference):
@@ -150,15 +155,7 @@ def test_ctrl_c_checkpoints_after_the_step_and_rerun_resumes(tmp_path, reference
     assert proc.returncode == 130, err
     assert "interrupted: stopping after this step with a checkpoint" in out + err
     assert "SIGINT at step" in out + err
-    (ckpt,) = list_checkpoints(tmp_path / "run")
-    assert 3 <= int(ckpt.stem.split("_")[1]) < 10
-    trained = load_checkpoint(ckpt)["train_seconds"]
-    assert trained > 0
-    rc, out, err = cli(tmp_path / "run", "trainer.ckpt_every=1000")
-    assert rc == 0 and "resumed from step" in out + err, err
-    # the training time of both processes (the throughput tables divide by it)
-    assert json.loads((tmp_path / "run" / "results.json").read_text())["train_seconds"] > (
-        round(trained, 1))
+    rerun_resumes(tmp_path / "run")
     same_results(tmp_path / "run", reference)
 
 
