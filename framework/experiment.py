@@ -111,20 +111,18 @@ def write_results(run_dir: Path, results: dict[str, Any], name: str = "results.j
     return path
 
 
-def _fresh_siblings(run_dir: Path) -> list[Path]:
-    """run_dir-2, run_dir-3, ... that exist, oldest (lowest number) first."""
-    numbered = ((p, p.name[len(run_dir.name) + 1:]) for p in run_dir.parent.glob(
-        f"{glob.escape(run_dir.name)}-*"))
-    return [p for p, n in sorted(((p, int(n)) for p, n in numbered if n.isdigit()),
-                                 key=lambda pn: pn[1])]
+def _newest_fresh_sibling(run_dir: Path) -> tuple[int, Path | None]:
+    """(N, run_dir-N) of the existing sibling with the highest N; (1, None) if none."""
+    suffixes = (p.name[len(run_dir.name) + 1:]
+                for p in run_dir.parent.glob(f"{glob.escape(run_dir.name)}-*"))
+    n = max((int(s) for s in suffixes if s.isdigit()), default=1)
+    return n, run_dir.with_name(f"{run_dir.name}-{n}") if n > 1 else None
 
 
 def fresh_dir(run_dir: Path) -> Path:
     """A new sibling run_dir-N, N above every existing one (fresh=true never overwrites a
     run, and the highest N is always the newest)."""
-    siblings = _fresh_siblings(run_dir)
-    last = int(siblings[-1].name.rsplit("-", 1)[1]) if siblings else 1
-    return run_dir.with_name(f"{run_dir.name}-{last + 1}")
+    return run_dir.with_name(f"{run_dir.name}-{_newest_fresh_sibling(run_dir)[0] + 1}")
 
 
 def unfinished_fresh_run(run_dir: Path, cfg: dict[str, Any]) -> Path | None:
@@ -133,15 +131,14 @@ def unfinished_fresh_run(run_dir: Path, cfg: dict[str, Any]) -> Path | None:
     instead of starting yet another run."""
     from omegaconf import OmegaConf
 
-    siblings = _fresh_siblings(run_dir)
-    if not siblings or (siblings[-1] / "results.json").exists():
+    newest = _newest_fresh_sibling(run_dir)[1]
+    if newest is None or (newest / "results.json").exists():
         return None
-    saved = siblings[-1] / "config.yaml"
     try:
-        same = config_hash(OmegaConf.to_container(OmegaConf.load(saved))) in run_hashes(cfg)
+        saved = OmegaConf.to_container(OmegaConf.load(newest / "config.yaml"))
     except (OSError, ValueError):  # no config.yaml (yet), or an unreadable one
         return None
-    return siblings[-1] if same else None
+    return newest if config_hash(saved) in run_hashes(cfg) else None
 
 
 def remove_if_empty(run_dir: Path, up_to: Path | None = None) -> None:
