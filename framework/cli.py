@@ -52,7 +52,8 @@ def prepare_argv(argv: list[str]) -> None:
     Multirun sweeps (`-m`, `+sweep=...`) name their experiments themselves."""
     exps = [a.split("=", 1)[1] for a in argv[1:] if a.lstrip("+").startswith("exp=")]
     multirun = any(a in ("-m", "--multirun") for a in argv[1:])
-    sweep = any(a.lstrip("+").startswith("sweep=") for a in argv[1:])
+    sweeps = [a.split("=", 1)[1] for a in argv[1:] if a.lstrip("+").startswith("sweep=")]
+    sweep = bool(sweeps)
     inspect = any(a.startswith(("--cfg", "-c", "--info", "-h", "--help", "-p", "--package"))
                   for a in argv[1:])
     if multirun and any(a in ("--cfg", "-c") or a.startswith("--cfg=") for a in argv[1:]):
@@ -63,13 +64,12 @@ def prepare_argv(argv: list[str]) -> None:
     if sweep and not multirun and not inspect:
         argv.insert(1, "--multirun")  # a sweep file only means something in multirun mode
     register_resolvers()
-    sweeps = [a.split("=", 1)[1] for a in argv[1:] if a.lstrip("+").startswith("sweep=")]
     try:
         for name in (n for value in exps for n in value.split(",")):
             check_experiment(name)
         for name in sweeps:
             check_sweep(name)
-        if multirun or sweep and not inspect:
+        if (multirun or sweep) and not inspect:  # jobs will be launched
             check_launcher(argv[1:], sweeps[-1] if sweeps else None)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -108,8 +108,7 @@ def check_launcher(args: list[str], sweep: str | None) -> None:
               if a.removeprefix("override ").startswith("hydra/launcher=")]
     launcher = chosen[-1] if chosen else None
     if launcher is None and sweep is not None:
-        sweep_cfg = OmegaConf.to_container(OmegaConf.load(CONFIGS / "sweep" / f"{sweep}.yaml"))
-        defaults = sweep_cfg.get("defaults") or []
+        defaults = sweep_config(sweep).get("defaults") or []
         launcher = next((d[k] for d in defaults if isinstance(d, dict) for k in d
                          if str(k).endswith("hydra/launcher")), None)
     if launcher == "slurm" and shutil.which("srun") is None:
@@ -119,13 +118,21 @@ def check_launcher(args: list[str], sweep: str | None) -> None:
             "hydra/launcher=submitit_local (in parallel) or hydra/launcher=basic (in turn)")
 
 
+def sweep_config(sweep: str) -> dict[str, Any]:
+    """configs/sweep/<sweep>.yaml as written (its defaults list, its sweeper params); {} when
+    there is no such file."""
+    path = CONFIGS / "sweep" / f"{sweep}.yaml"
+    return OmegaConf.to_container(OmegaConf.load(path)) if path.exists() else {}
+
+
+def sweep_params(sweep: str) -> dict[str, Any]:
+    """What the sweep sweeps over (`hydra.sweeper.params`: +exp, trainer.seed)."""
+    return ((sweep_config(sweep).get("hydra") or {}).get("sweeper") or {}).get("params") or {}
+
+
 def sweep_experiments(sweep: str) -> list[str]:
     """The experiments that configs/sweep/<sweep>.yaml sweeps over."""
-    path = CONFIGS / "sweep" / f"{sweep}.yaml"
-    if not path.exists():
-        return []
-    params = OmegaConf.select(OmegaConf.load(path), "hydra.sweeper.params", default={}) or {}
-    return [n.strip() for n in str(params.get("+exp", "")).split(",") if n.strip()]
+    return [n.strip() for n in str(sweep_params(sweep).get("+exp", "")).split(",") if n.strip()]
 
 
 def check_sweep_overrides(overrides: list[str]) -> None:

@@ -327,11 +327,9 @@ def ours_text(values: list[float], metric: str, pm: str = " ± ") -> str:
 # -- what is missing --------------------------------------------------------------------------
 def sweep_seeds(sweep: str) -> list[int]:
     """The seeds configs/sweep/<sweep>.yaml trains each experiment with."""
-    import yaml
+    from framework.cli import sweep_params
 
-    path = ROOT / "configs" / "sweep" / f"{sweep}.yaml"
-    params = yaml.safe_load(path.read_text())["hydra"]["sweeper"]["params"]
-    return [int(s) for s in str(params["trainer.seed"]).split(",")]
+    return [int(s) for s in str(sweep_params(sweep)["trainer.seed"]).split(",")]
 
 
 def missing_commands(sweep: str, found: dict[str, list[Any]]) -> list[str]:
