@@ -34,6 +34,7 @@ from framework.checkpoint import (
     load_latest,
     save_checkpoint,
 )
+from framework.code_version import UNRECORDED, code_fingerprint
 from framework.config import ConfigError
 from framework.distributed import (
     SINGLE_PROCESS,
@@ -159,6 +160,8 @@ class Trainer:
         self.scaler = torch.amp.GradScaler(device.type, enabled=self.amp_dtype == torch.float16)
         self.step = 0
         self.train_seconds = 0.0  # wall time of fit() up to self.step, over every resume
+        # every code version (framework/code_version.py) that trained up to self.step
+        self.code_fingerprints = [code_fingerprint()]
 
     # -- state ---------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -166,7 +169,7 @@ class Trainer:
                 "optimizer": self.optimizer.state_dict(), "scaler": self.scaler.state_dict(),
                 "task": self.task.state_dict(), "rng": all_gather_object(rng_state()),
                 "config_hash": self.config_hash, "metrics_bytes": self.logger.size(),
-                "train_seconds": self.train_seconds}
+                "train_seconds": self.train_seconds, "code_fingerprints": self.code_fingerprints}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.model.load_state_dict(state["model"])
@@ -174,14 +177,20 @@ class Trainer:
         self.scaler.load_state_dict(state["scaler"])
         self.task.load_state_dict(state["task"])
         rngs = state["rng"]  # one per rank
-        self.step = int(state["step"])
-        self.train_seconds = float(state.get("train_seconds", 0.0))
+        self.load_progress(state)
         if self.dist.rank < len(rngs):
             set_rng_state(rngs[self.dist.rank])
         else:  # resumed on more ranks: a stream of its own (a copy of rank 0's would give
             # the same dropout masks on two ranks)
             seed_everything(hash((self.cfg.seed, self.dist.rank, self.step)) % 2**31)
         self.logger.truncate(state.get("metrics_bytes"))  # the steps redone are logged anew
+
+    def load_progress(self, state: dict[str, Any]) -> None:
+        """The step, the training time and the code versions of a checkpoint (also what
+        mode=eval reports of the run it evaluates)."""
+        self.step = int(state["step"])
+        self.train_seconds = float(state.get("train_seconds", 0.0))
+        self.code_fingerprints = list(state.get("code_fingerprints") or [UNRECORDED])
 
     def checkpoint(self) -> None:
         state = self.state_dict()  # collective under DDP (memory and RNG of every rank)
@@ -312,10 +321,22 @@ class Trainer:
             signal.raise_signal(self._signal)
             raise SystemExit(128 + self._signal)  # a handler that returned: still stop
 
+    def _continue_code(self) -> None:
+        """After a resume: this code trains on, one more version when it is another."""
+        before, now = self.code_fingerprints[-1], code_fingerprint()
+        if self.is_main:
+            tqdm.write(f"resumed from step {self.step} in {self.run_dir}")
+            if before not in (now, UNRECORDED):
+                tqdm.write(f"note: steps up to {self.step} were trained by other code (code "
+                           f"fingerprint {before}, this code's is {now}); results.json will "
+                           f"list both")
+        if before != now:
+            self.code_fingerprints.append(now)
+
     def _fit(self) -> None:
         cfg = self.cfg
-        if self.resume() and self.is_main:
-            tqdm.write(f"resumed from step {self.step} in {self.run_dir}")
+        if self.resume():
+            self._continue_code()
         self.model.train()
         bar = tqdm(total=cfg.steps, initial=self.step, disable=not (self.is_main and cfg.progress),
                    dynamic_ncols=True, desc="train")

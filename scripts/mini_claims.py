@@ -33,13 +33,15 @@ import json
 import math
 import statistics
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from scripts.run_results import (  # noqa: E402
+    CODE_HEADING,
     by_experiment,
+    code_versions,
     find_runs,
     fmt_metric,
     missing_commands,
@@ -195,6 +197,7 @@ class Collected:
     speed: dict[tuple[str, str], dict[str, float | None]]  # tok_s, train_s, peak_rss_mb
     skipped: list[str]  # runs left out, as find_runs describes them
     seeds: dict[str, list[Any]]  # experiment -> the seeds it has
+    code: list[str] = field(default_factory=list)  # code versions of the counted runs
 
 
 def collect(roots: list[Path], exp_dir: Path, all_overrides: bool = False) -> Collected:
@@ -202,10 +205,12 @@ def collect(roots: list[Path], exp_dir: Path, all_overrides: bool = False) -> Co
     grouped = by_experiment(runs)
     mini = [s for s in skipped if (s.name or "").startswith("mini_") or "/mini_" in str(s.path)]
     out = Collected({}, {}, {}, {}, [str(s) for s in mini], {})
+    counted = []
     for data, col in DATASETS.items():
         for variant in VARIANTS:
             found = grouped.get(exp_name(data, variant), [])
             out.seeds[exp_name(data, variant)] = [r.seed for r in found]
+            counted += found
             if not found:
                 continue
             key = (variant, col)
@@ -218,6 +223,7 @@ def collect(roots: list[Path], exp_dir: Path, all_overrides: bool = False) -> Co
             out.speed[key] = {"tok_s": _mean([tokens_per_s(d) for d in dirs]),
                               "train_s": _mean([r.results.get("train_seconds") for r in found]),
                               "peak_rss_mb": _mean([r.results.get("peak_rss_mb") for r in found])}
+    out.code = code_versions(counted)
     return out
 
 
@@ -245,6 +251,8 @@ def render_results(c: Collected, rows: dict[str, str]) -> str:
         lines += ["", "Missing runs:", *[f"- `{cmd}`" for cmd in missing]]
     if c.skipped:
         lines += ["", "Not counted:", *[f"- {s}" for s in c.skipped]]
+    if c.code:
+        lines += ["", CODE_HEADING, *[f"- {line}" for line in c.code]]
     return "\n".join(lines) + "\n"
 
 

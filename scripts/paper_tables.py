@@ -38,9 +38,11 @@ from omegaconf import OmegaConf
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from scripts.flops_table import config_relative_flops, format_percent  # noqa: E402
 from scripts.run_results import (  # noqa: E402
+    CODE_HEADING,
     Run,
     Skipped,
     by_experiment,
+    code_versions,
     find_runs,
     fmt_metric,
     missing_commands,
@@ -180,7 +182,8 @@ class Table:
     lead: list[str] = field(default_factory=list)  # lead column names (e.g. G, K)
     header_rows: list[tuple[str, list[str]]] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)  # commands producing missing seeds
-    notes: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # runs not counted, and why
+    code: list[str] = field(default_factory=list)  # code versions of the counted runs
 
 
 def ordered(labels: list[str], preferred: tuple[str, ...]) -> list[str]:
@@ -212,6 +215,7 @@ def build_table(table: str, exps: dict[str, Experiment], runs: dict[str, list[Ru
     rows, cols, grid = _layout(table, exps)
     out = Table(table, TABLES[table].title, cols, [])
     seeds: dict[str, list[Any]] = {}  # experiment stem -> the seeds it has, in table order
+    counted: list[Run] = []
     for row in rows:
         cells: list[Cell | str] = []
         for col in cols:
@@ -224,6 +228,7 @@ def build_table(table: str, exps: dict[str, Experiment], runs: dict[str, list[Ru
                 cell.flops = config_relative_flops(exp.cfg)
             found = runs.get(exp.name, [])
             seeds[exp.stem] = [r.seed for r in found]
+            counted += found
             if found:
                 cell.metric = found[0].metric
                 split = exp.split
@@ -235,6 +240,7 @@ def build_table(table: str, exps: dict[str, Experiment], runs: dict[str, list[Ru
     out.missing = missing_commands(table, seeds)  # each table has its sweep (make_sweeps.py)
     names = {grid[k][0].name for k in grid}
     out.notes = [str(s) for s in skipped if s.name in names]
+    out.code = code_versions(counted)
     return out
 
 
@@ -319,6 +325,8 @@ def render_markdown(t: Table) -> str:
         lines += ["", MISSING, *[f"- `{cmd}`" for cmd in t.missing]]
     if t.notes:
         lines += ["", "Not counted:", *[f"- {n}" for n in t.notes]]
+    if t.code:
+        lines += ["", CODE_HEADING, *[f"- {c}" for c in t.code]]
     return "\n".join(lines) + "\n"
 
 
@@ -338,6 +346,7 @@ def render_latex(t: Table) -> str:
     lines += ["\\bottomrule", "\\end{tabular}", "\\end{table*}"]
     lines += [f"% missing: {cmd}" for cmd in t.missing]
     lines += [f"% not counted: {n}" for n in t.notes]
+    lines += [f"% code: {c}" for c in t.code]
     return "\n".join(lines) + "\n"
 
 

@@ -20,6 +20,10 @@ A results.json with no `config_hash` (made before runs recorded it) cannot be ch
 counts when its directory shows no other overrides, with a warning on stderr. wandb runs
 count when finished, read from the config/summary tasks/lm_run.py logs; wandb has no
 `config_hash`, so their logged config itself is compared with the experiment's.
+
+The hash says which config a run trained, not which code: `code_versions` lists, under a
+table, the versions of the code (framework/code_version.py) that trained its counted runs
+when they are not all the current one.
 """
 from __future__ import annotations
 
@@ -51,6 +55,7 @@ class Run:
     mtime: float = 0.0
     results: dict[str, Any] = field(default_factory=dict)  # the results.json of a local run
     own: bool = True  # the experiment's own config (False: counted by `all_overrides`)
+    code: dict[str, Any] | None = None  # which code trained it (results.json / summary `code`)
 
 
 @dataclass(frozen=True)
@@ -240,7 +245,8 @@ def find_runs(roots: list[Path], exp_dir: Path, all_overrides: bool = False
             continue
         unchecked += [path] if not res.get("config_hash") else []
         runs.append(Run(name, seed, res["metric"], res["valid"], res["test"],
-                        res.get("n_params"), str(path.parent), path.stat().st_mtime, res, own))
+                        res.get("n_params"), str(path.parent), path.stat().st_mtime, res, own,
+                        res.get("code")))
     if unchecked:
         print(f"warning: {len(unchecked)} counted run(s) record no config_hash, so their config "
               f"is not checked against {_shown(exp_dir)} (e.g. {unchecked[0]})", file=sys.stderr)
@@ -270,8 +276,10 @@ def wandb_runs(project: str, exp_dir: Path, all_overrides: bool = False
         for metric in ("ppl", "bpc"):
             valid, test = summary.get(f"valid_{metric}"), summary.get(f"test_{metric}")
             if valid is not None and test is not None:
+                code = summary.get("code")
                 out.append(Run(name, seed, metric, {metric: float(valid)},
-                               {metric: float(test)}, summary.get("n_params"), source, own=own))
+                               {metric: float(test)}, summary.get("n_params"), source, own=own,
+                               code=dict(code) if code else None))
                 break
     return out, skipped
 
@@ -301,6 +309,60 @@ def by_experiment(runs: list[Run]) -> dict[str, list[Run]]:
     for (name, _), run in sorted(best.items(), key=lambda kv: (kv[0][0], str(kv[0][1]))):
         out.setdefault(name, []).append(run)
     return out
+
+
+# -- which code trained them -----------------------------------------------------------------
+MIXED = "mixed"
+CODE_HEADING = ("Code versions (framework/code_version.py; a run of other code than the current "
+                "one may differ from what it trains now: retrain it with `fresh=true` if the "
+                "change matters):")
+
+
+def code_label(code: Any) -> str | None:
+    """The code version that trained a run: its fingerprint, MIXED when a resume changed it,
+    None when the run did not record it."""
+    if not isinstance(code, dict) or not code.get("trained_with"):
+        return None
+    versions = set(code["trained_with"])
+    return MIXED if len(versions) > 1 else versions.pop()
+
+
+def code_versions(runs: Iterable[Run], current: str | None = None) -> list[str]:
+    """Which versions of the code trained `runs`, one line each (under CODE_HEADING); []
+    when the current code trained them all. The most common version gets a count, every
+    other one names its runs: the ones to check."""
+    from framework.code_version import code_fingerprint
+
+    current = current or code_fingerprint()
+    groups: dict[str | None, list[Run]] = {}
+    for run in runs:
+        groups.setdefault(code_label(run.code), []).append(run)
+    if set(groups) <= {current}:
+        return []
+    lines = []
+    for i, (label, members) in enumerate(sorted(groups.items(), key=lambda kv: -len(kv[1]))):
+        if label is None:
+            head = "not recorded (trained before runs recorded their code)"
+        elif label == MIXED:
+            head = "several (resumed with other code; results.json `code.trained_with`)"
+        else:
+            gits = sorted({str(r.code.get("git")) for r in members if r.code.get("git")})
+            notes = ([f"git {', '.join(gits)}"] if gits else []) + \
+                (["the current code"] if label == current else [])
+            head = label + (f" ({'; '.join(notes)})" if notes else "")
+        n = len(members)
+        lines.append(f"{head}: " + (f"{n} run{'s' if n > 1 else ''}" if i == 0
+                                    else _named(members)))
+    return lines
+
+
+def _named(runs: list[Run]) -> str:
+    """'a seeds 0, 1; b seed 2'."""
+    seeds: dict[str, list[str]] = {}
+    for run in runs:
+        seeds.setdefault(run.name, []).append(str(run.seed))
+    return "; ".join(f"{name} seed{'s' if len(s) > 1 else ''} {', '.join(s)}"
+                     for name, s in seeds.items())
 
 
 # -- seeds of one cell -----------------------------------------------------------------------

@@ -18,6 +18,7 @@ from tqdm import tqdm
 
 import kernels
 from framework.checkpoint import atomic_write_bytes, list_checkpoints, load_latest
+from framework.code_version import code_version
 from framework.config import ConfigError, from_dict
 from framework.data import DATASETS
 from framework.distributed import init_distributed
@@ -125,13 +126,13 @@ def run(cfg: dict[str, Any], run_dir: Path) -> dict[str, Any] | None:
                                   f"loads (see the warnings above)" if found else
                                   f"mode=eval: no checkpoint in {run_dir}; train this run first")
             model.load_state_dict(state["model"])
-            trainer.step = int(state["step"])
-            trainer.train_seconds = float(state.get("train_seconds", 0.0))
+            trainer.load_progress(state)
         results: dict[str, Any] = {"name": cfg.get("name"), "metric": data.metric,
                                    "steps": trainer.step, "n_params": count,
                                    "config_hash": trainer.config_hash, "seed": trainer_cfg.seed,
                                    "train_seconds": round(trainer.train_seconds, 1),
-                                   "peak_rss_mb": round(peak_rss_mb(), 1)}
+                                   "peak_rss_mb": round(peak_rss_mb(), 1),
+                                   "code": code_version(trainer.code_fingerprints)}
         # Every rank evaluates the same streams (identical numbers); rank 0 writes them.
         for split in ("valid", "test"):
             r = task.evaluate(split, task_cfg.eval_batch_size, task_cfg.eval_mem_segments,
@@ -148,7 +149,8 @@ def run(cfg: dict[str, Any], run_dir: Path) -> dict[str, Any] | None:
                             else "eval_results.json")
         if mode == "train":  # the summary marks a finished run (scripts/paper_tables.py)
             logger.summary({**{f"{s}_{data.metric}": results[s][data.metric]
-                               for s in ("valid", "test")}, "n_params": count})
+                               for s in ("valid", "test")}, "n_params": count,
+                            "code": results["code"]})
         print(f"final valid {data.metric} {results['valid'][data.metric]:.4f} | "
               f"test {data.metric} {results['test'][data.metric]:.4f} | results: {out}")
         return results

@@ -11,9 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from framework.code_version import code_fingerprint, code_version
 from framework.experiment import run_hashes
 from scripts import mini_claims
 from scripts.mini_claims import Claim, check_claims, compare, verdict
+from scripts.run_results import CODE_HEADING
 from tests.helpers import compose_cfg, compose_sweep, jobs, load
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -91,13 +93,14 @@ def config_hash(name: str, seed: int) -> str:
 
 def fake_run(root: Path, name: str, seed: int, bpc: float, tok_s: list[float],
              rss: float | None = None, overrides: str | None = None,
-             other_config: bool = False, run: Path | None = None) -> None:
+             other_config: bool = False, run: Path | None = None,
+             code: dict | None = None) -> None:
     run = run or root / name / (overrides or f"trainer.seed={seed}")
     run.mkdir(parents=True)
     res = {"name": name, "metric": "bpc", "seed": seed, "n_params": 916_000, "steps": 200,
            "train_seconds": 30.0 + seed, "valid": {"bpc": bpc + 0.1}, "test": {"bpc": bpc},
            "config_hash": "0123456789ab" if other_config or overrides else
-           config_hash(name, seed)}
+           config_hash(name, seed), "code": code or code_version()}
     if rss is not None:
         res["peak_rss_mb"] = rss
     (run / "results.json").write_text(json.dumps(res))
@@ -139,6 +142,14 @@ def test_report_from_run_directories(tmp_path):
         f"- {root / 'mini_enwik_moe/ffn.k=2,trainer.seed=0'}: mini_enwik_moe with overrides "
         "ffn.k=2 (--all-overrides counts it)"]
     assert "9.000" not in text and "8.000" not in text  # neither is counted
+    assert CODE_HEADING not in text  # the current code trained every counted run
+    fake_run(root, "mini_wiki_dense", 2, 5.0, [1000.0],
+             code={"fingerprint": "0ld0ld0ld0ld", "git": None, "trained_with": ["0ld0ld0ld0ld"]})
+    text = mini_claims.main(["--runs", str(tmp_path / "runs")])
+    versions = text.split(CODE_HEADING + "\n")[1].split("\n\n")[0].splitlines()
+    assert versions[0].startswith(f"- {code_fingerprint()} (")
+    assert versions[0].endswith("the current code): 7 runs")
+    assert versions[1:] == ["- 0ld0ld0ld0ld: mini_wiki_dense seed 2"]
 
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from framework.code_version import code_fingerprint, code_version
 from framework.experiment import run_hashes
 from models.ffn.dense import DenseConfig
 from models.ffn.experts import ExpertsConfig
@@ -59,7 +60,7 @@ def fake_run(run_dir: Path, exp_dir: Path, seed: int, bpc: float, name: str = "t
         cfg = exp_config(exp_dir, name)
         config_hash = run_hashes({**cfg, "trainer": {**cfg["trainer"], "seed": seed}})[0]
     res = {"name": name, "metric": "bpc", "seed": seed, "n_params": 51_234,
-           "valid": {"bpc": bpc + 0.1}, "test": {"bpc": bpc}, **more}
+           "valid": {"bpc": bpc + 0.1}, "test": {"bpc": bpc}, "code": code_version(), **more}
     if config_hash is not None:
         res["config_hash"] = config_hash
     run_dir.mkdir(parents=True)
@@ -132,6 +133,22 @@ def test_all_tables_latex_and_one_seed(tiny, tmp_path):
     assert "% missing: python run.py -m +sweep=dense +exp=tiny_dense trainer.seed=1,2" in text
     assert "% missing: python run.py -m +sweep=moe +exp=tiny_dense trainer.seed=1,2" in text
     assert "% missing: python run.py -m +sweep=moe +exp=tiny_moe\n" in text
+
+
+def test_runs_of_other_code_are_named(tiny, tmp_path):
+    root, _ = tiny
+    runs = tmp_path / "runs"
+    shutil.copytree(root / "runs", runs)
+    args = ["--exp-dir", str(root / "exp"), "--runs", str(runs), "--table", "dense"]
+    assert run_results.CODE_HEADING not in paper_tables.main(args)  # all by this code
+    old = {"fingerprint": "0ld0ld0ld0ld", "git": "1234567", "trained_with": ["0ld0ld0ld0ld"]}
+    fake_run(runs / "tiny_dense" / "trainer.seed=2", root / "exp", 2, 3.2, code=old)
+    text = paper_tables.main(args)
+    lines = text.split(run_results.CODE_HEADING + "\n")[1].splitlines()
+    assert lines[0].startswith(f"- {code_fingerprint()} (") and lines[0].endswith(": 2 runs")
+    assert lines[1:] == ["- 0ld0ld0ld0ld (git 1234567): tiny_dense seed 2"]
+    latex = paper_tables.main([*args, "--format", "latex"])
+    assert "% code: 0ld0ld0ld0ld (git 1234567): tiny_dense seed 2" in latex
 
 
 def test_which_runs_count(tiny, tmp_path, capsys):
