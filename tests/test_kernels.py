@@ -12,12 +12,16 @@ import torch
 
 import kernels
 from kernels import moe_mlp
-from kernels.grouped_mm import grouped_mm_problem
 from kernels.routing import make_routing, routing_reference
-from kernels.testing import assert_close, compare, random_case, reference_case, run_case
+from kernels.testing import (
+    NO_GROUPED_MM,
+    assert_close,
+    compare,
+    random_case,
+    reference_case,
+    run_case,
+)
 from kernels.torch_path import torch_bwd, torch_fwd
-
-NO_GROUPED_MM = grouped_mm_problem(torch.zeros(1, 8), torch.zeros(1, 8, 8))  # torch < 2.8
 
 
 @pytest.mark.parametrize("K,C", [(1, 1), (3, 1), (3, 2)])

@@ -9,9 +9,15 @@ import torch
 
 import kernels
 from kernels import moe_mlp
-from kernels.grouped_mm import grouped_mm_problem
 from kernels.routing import make_routing
-from kernels.testing import assert_close, compare, random_case, reference_case, run_case
+from kernels.testing import (
+    NO_GROUPED_MM,
+    assert_close,
+    compare,
+    random_case,
+    reference_case,
+    run_case,
+)
 
 CUDA = torch.cuda.is_available()
 # e.g. Triton 3.6 (torch 2.11's) with numpy 2.4: say so instead of 20 interpreter errors
@@ -23,8 +29,6 @@ pytestmark = [
     pytest.mark.skipif(BROKEN_INTERPRETER is not None, reason=str(BROKEN_INTERPRETER)),
 ]
 DEVICE = "cuda" if CUDA else "cpu"
-NO_GROUPED_MM = grouped_mm_problem(torch.zeros(1, 8), torch.zeros(1, 8, 8))  # torch < 2.8
-
 
 def _leaves(case, names):
     return [case[n].clone().requires_grad_() for n in names]
