@@ -47,6 +47,18 @@ def save(obj, f, *a, **k):
 ck.torch.save = save
 """
 
+# Steps of 0.2 s: a signal sent after step 3 (or 8) lands before step 10 however fast the machine
+# (the tiny model's steps take milliseconds; the test polls every 50 ms)
+SLOW_STEPS = """
+import time
+from framework.trainer import Trainer
+real_step = Trainer.train_step
+def train_step(self):
+    time.sleep(0.2)
+    return real_step(self)
+Trainer.train_step = train_step
+"""
+
 
 def cli(run_dir, *extra, fault="", wait=True):
     args = [*OVERRIDES, f"hydra.run.dir={run_dir}", *extra]
@@ -102,7 +114,7 @@ def same_results(run_dir: Path, reference: dict) -> None:
 
 def test_kill9_at_random_step_then_rerun_matches(tmp_path, reference):
     step = random.Random(os.getpid()).randint(3, 8)
-    proc = cli(tmp_path / "run", wait=False)
+    proc = cli(tmp_path / "run", fault=SLOW_STEPS, wait=False)
     wait_for_step(tmp_path / "run", step, proc)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
@@ -140,7 +152,7 @@ def rerun_resumes(run_dir: Path) -> None:
 
 
 def test_sigterm_checkpoints_and_rerun_resumes(tmp_path, reference):
-    proc = cli(tmp_path / "run", "trainer.ckpt_every=1000", wait=False)
+    proc = cli(tmp_path / "run", "trainer.ckpt_every=1000", fault=SLOW_STEPS, wait=False)
     wait_for_step(tmp_path / "run", 3, proc)
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=120)
@@ -151,7 +163,7 @@ def test_sigterm_checkpoints_and_rerun_resumes(tmp_path, reference):
 
 def test_ctrl_c_checkpoints_after_the_step_and_rerun_resumes(tmp_path, reference):
     """SIGINT before the first periodic checkpoint: the steps done are not lost."""
-    proc = cli(tmp_path / "run", "trainer.ckpt_every=1000", wait=False)
+    proc = cli(tmp_path / "run", "trainer.ckpt_every=1000", fault=SLOW_STEPS, wait=False)
     wait_for_step(tmp_path / "run", 3, proc)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=120)
