@@ -45,6 +45,7 @@ def code_files(root: Path = ROOT) -> list[Path]:
 
 @functools.cache
 def code_fingerprint(root: Path = ROOT) -> str:
+    """12 hex digits of sha256 over (path, bytes) of every file of code_files(root)."""
     h = hashlib.sha256()
     for path in code_files(root):
         h.update(path.relative_to(root).as_posix().encode() + b"\0")
