@@ -1,5 +1,6 @@
 """Shared test helpers: compose configs and sweeps like run.py does, build an experiment's
-model on the meta device, and tiny-model overrides."""
+model on the meta device, tiny-model overrides, and a run stopped after its first
+checkpoint."""
 from __future__ import annotations
 
 import functools
@@ -7,6 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 from hydra import compose, initialize_config_dir
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
@@ -14,6 +16,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
 from framework.cli import register_resolvers
+from framework.trainer import Trainer
 from models.transformer_xl import TransformerXL, n_params
 from tasks.lm import build_model_config
 
@@ -68,3 +71,23 @@ def jobs(cfg, *cli: str) -> list[dict[str, str]]:
 def metrics(run_dir: Path) -> list[dict[str, Any]]:
     """The rows of a run's metrics.jsonl."""
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+class Stop(Exception):
+    pass
+
+
+def interrupt_after_first_checkpoint(monkeypatch, cfg: dict[str, Any], run_dir: Path) -> None:
+    """Train `cfg` in run_dir as if the process were killed right after its first
+    checkpoint was written (a rerun resumes from it)."""
+    from tasks import TASKS
+
+    save = Trainer.checkpoint
+
+    def save_then_stop(self):
+        save(self)
+        raise Stop
+
+    with monkeypatch.context() as m, pytest.raises(Stop):
+        m.setattr(Trainer, "checkpoint", save_then_stop)
+        TASKS.get("lm")(cfg, run_dir)

@@ -7,10 +7,9 @@ import pytest
 
 from framework.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
 from framework.code_version import UNRECORDED, code_fingerprint, git_commit
-from framework.trainer import Trainer
 from scripts.run_results import MIXED, Run, code_label, code_versions
 from tasks import TASKS
-from tests.helpers import TINY, TINY_MOE, compose_cfg
+from tests.helpers import TINY, TINY_MOE, compose_cfg, interrupt_after_first_checkpoint
 
 RUN = TASKS.get("lm")
 
@@ -71,10 +70,6 @@ def test_git_commit_and_dirty_code(tmp_path):
     assert git_commit.__wrapped__(root) == head + "+dirty"
 
 
-class Stop(Exception):
-    pass
-
-
 def use_code(monkeypatch, fingerprint: str) -> None:
     monkeypatch.setattr("framework.trainer.code_fingerprint", lambda: fingerprint)
     monkeypatch.setattr("framework.code_version.code_fingerprint", lambda: fingerprint)
@@ -83,17 +78,8 @@ def use_code(monkeypatch, fingerprint: str) -> None:
 def test_a_resume_with_other_code_keeps_both_versions(tmp_path, monkeypatch, capsys):
     cfg = compose_cfg([*TINY, *TINY_MOE, "trainer.steps=4", "trainer.ckpt_every=2",
                        "task.final_segments=1", "task.val_segments=1"])
-    save = Trainer.checkpoint
-
-    def save_then_stop(self):
-        save(self)
-        raise Stop
-
     use_code(monkeypatch, "aaaaaaaaaaaa")
-    monkeypatch.setattr(Trainer, "checkpoint", save_then_stop)
-    with pytest.raises(Stop):  # killed right after its step-2 checkpoint
-        RUN(cfg, tmp_path / "run")
-    monkeypatch.setattr(Trainer, "checkpoint", save)
+    interrupt_after_first_checkpoint(monkeypatch, cfg, tmp_path / "run")  # at step 2
     use_code(monkeypatch, "bbbbbbbbbbbb")  # `git pull` before the rerun
     capsys.readouterr()
     RUN(cfg, tmp_path / "run")

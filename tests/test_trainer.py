@@ -9,7 +9,13 @@ from framework.checkpoint import list_checkpoints
 from framework.config import ConfigError
 from framework.trainer import Trainer
 from tasks import TASKS
-from tests.helpers import TINY, TINY_MOE, compose_cfg, metrics
+from tests.helpers import (
+    TINY,
+    TINY_MOE,
+    compose_cfg,
+    interrupt_after_first_checkpoint,
+    metrics,
+)
 
 RUN = TASKS.get("lm")
 
@@ -33,10 +39,6 @@ def test_loss_decreases_on_enwik_mini(tmp_path):
     assert len(saved["valid_routing"]) == 2 and len(saved["valid_routing"][0]["expert_share"]) == 4
 
 
-class Stop(Exception):
-    pass
-
-
 @pytest.mark.parametrize("ffn", ["sigma_moe", "dense"])
 def test_resume_gives_identical_losses(tmp_path, monkeypatch, ffn):
     common = [*TINY, "trainer.val_every=5", "trainer.log_every=1", "task.val_segments=1",
@@ -45,16 +47,7 @@ def test_resume_gives_identical_losses(tmp_path, monkeypatch, ffn):
     cfg = compose_cfg(common, "mini_moe" if ffn == "sigma_moe" else "mini_dense")
     RUN(cfg, tmp_path / "a")
     # The same run, interrupted right after its step-6 checkpoint, then rerun as is.
-    save = Trainer.checkpoint
-
-    def save_then_stop(self):
-        save(self)
-        raise Stop
-
-    monkeypatch.setattr(Trainer, "checkpoint", save_then_stop)
-    with pytest.raises(Stop):
-        RUN(cfg, tmp_path / "b")
-    monkeypatch.setattr(Trainer, "checkpoint", save)
+    interrupt_after_first_checkpoint(monkeypatch, cfg, tmp_path / "b")
     resumed = RUN(cfg, tmp_path / "b")
     a, b = losses(tmp_path / "a"), losses(tmp_path / "b")
     assert list(b) == list(range(1, 13))
