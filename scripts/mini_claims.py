@@ -39,11 +39,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from scripts.run_results import (  # noqa: E402
-    CODE_HEADING,
     by_experiment,
     code_versions,
     find_runs,
     fmt_metric,
+    markdown_notes,
     missing_commands,
     ours_text,
     run_roots,
@@ -247,12 +247,8 @@ def render_results(c: Collected, rows: dict[str, str]) -> str:
             cells.append(text)
         lines.append(f"| {rows.get(variant, variant)} | " + " | ".join(cells) + " |")
     lines += ["", "Each cell: mean ± sample std over seeds (n seeds) · parameter count."]
-    if missing := missing_commands("mini", c.seeds):
-        lines += ["", "Missing runs:", *[f"- `{cmd}`" for cmd in missing]]
-    if c.skipped:
-        lines += ["", "Not counted:", *[f"- {s}" for s in c.skipped]]
-    if c.code:
-        lines += ["", CODE_HEADING, *[f"- {line}" for line in c.code]]
+    lines += markdown_notes("Missing runs:", missing_commands("mini", c.seeds), c.skipped,
+                            c.code)
     return "\n".join(lines) + "\n"
 
 

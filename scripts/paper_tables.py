@@ -38,13 +38,13 @@ from omegaconf import OmegaConf
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from scripts.flops_table import config_relative_flops, format_percent  # noqa: E402
 from scripts.run_results import (  # noqa: E402
-    CODE_HEADING,
     Run,
     Skipped,
     by_experiment,
     code_versions,
     find_runs,
     fmt_metric,
+    markdown_notes,
     missing_commands,
     ours_text,
     run_roots,
@@ -321,12 +321,7 @@ def render_markdown(t: Table) -> str:
         lines.append("| " + " | ".join([label, *lead, *map(cell_text, cells)]) + " |")
     if t.name != FLOPS:
         lines += ["", LEGEND]
-    if t.missing:
-        lines += ["", MISSING, *[f"- `{cmd}`" for cmd in t.missing]]
-    if t.notes:
-        lines += ["", "Not counted:", *[f"- {n}" for n in t.notes]]
-    if t.code:
-        lines += ["", CODE_HEADING, *[f"- {c}" for c in t.code]]
+    lines += markdown_notes(MISSING, t.missing, t.notes, t.code)
     return "\n".join(lines) + "\n"
 
 

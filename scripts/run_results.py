@@ -356,6 +356,18 @@ def code_versions(runs: Iterable[Run], current: str | None = None) -> list[str]:
     return lines
 
 
+def markdown_notes(missing_heading: str, missing: list[str], not_counted: list[str],
+                   code: list[str]) -> list[str]:
+    """The lists under a Markdown table: the commands of its missing runs, the runs not
+    counted (why), the code versions of the counted ones; each only when it has lines."""
+    lines = []
+    for heading, items in ((missing_heading, [f"`{cmd}`" for cmd in missing]),
+                           ("Not counted:", not_counted), (CODE_HEADING, code)):
+        if items:
+            lines += ["", heading, *[f"- {item}" for item in items]]
+    return lines
+
+
 def _named(runs: list[Run]) -> str:
     """'a seeds 0, 1; b seed 2'."""
     seeds: dict[str, list[str]] = {}
