@@ -24,13 +24,17 @@ def experiment_names() -> list[str]:
     return sorted(p.stem for p in (CONFIGS / "exp").glob("*.yaml"))
 
 
+def _check_known(kind: str, name: str, names: list[str], n_close: int, listing: str) -> None:
+    """An unknown `name` of `kind` is one line: the closest known names, then `listing`."""
+    if name not in names:
+        close = difflib.get_close_matches(name, names, n=n_close, cutoff=0.4)
+        hint = f" Did you mean {', '.join(close)}?" if close else ""
+        raise ConfigError(f"unknown {kind} {name!r}.{hint} {listing}")
+
+
 def check_experiment(name: str) -> None:
     names = experiment_names()
-    if name not in names:
-        close = difflib.get_close_matches(name, names, n=3, cutoff=0.4)
-        hint = f" Did you mean {', '.join(close)}?" if close else ""
-        raise ConfigError(f"unknown experiment {name!r}.{hint} "
-                          f"See configs/exp/ ({len(names)} experiments).")
+    _check_known("experiment", name, names, 3, f"See configs/exp/ ({len(names)} experiments).")
 
 
 def dirname(overrides: str, limit: int = 120) -> str:
@@ -95,11 +99,7 @@ def prepare_argv(argv: list[str]) -> None:
 
 def check_sweep(name: str) -> None:
     names = sorted(p.stem for p in (CONFIGS / "sweep").glob("*.yaml"))
-    if name not in names:
-        close = difflib.get_close_matches(name, names, n=1, cutoff=0.4)
-        hint = f" Did you mean {close[0]}?" if close else ""
-        raise ConfigError(f"unknown sweep {name!r}.{hint} The sweeps: {', '.join(names)} "
-                          f"(configs/sweep/)")
+    _check_known("sweep", name, names, 1, f"The sweeps: {', '.join(names)} (configs/sweep/)")
 
 
 def check_launcher(args: list[str], sweep: str | None) -> None:
