@@ -6,6 +6,7 @@ import hashlib
 import re
 import shutil
 import sys
+import traceback
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -115,7 +116,7 @@ def check_launcher(args: list[str], sweep: str | None) -> None:
         raise ConfigError(
             "this sweep submits Slurm jobs (hydra/launcher=slurm) but srun is not on this "
             "machine: launch it on the cluster's login node, or run its jobs here with "
-            "hydra/launcher=submitit_local (in parallel) or hydra/launcher=basic (in turn)")
+            "hydra/launcher=local (in parallel) or hydra/launcher=basic (in turn)")
 
 
 def sweep_config(sweep: str) -> dict[str, Any]:
@@ -267,21 +268,29 @@ def _choose_run_dir(cfg: dict[str, Any], run_dir: Path) -> Path | None:
     return run_dir
 
 
-FAILED_JOBS: list[str] = []  # jobs of an in-process sweep that stopped with an error
+FAILED_JOBS: list[str] = []  # jobs of this sweep that failed (here, or reported by its launcher)
 
 
-def _in_process_sweep_job() -> str | None:
-    """The job's overrides when it runs inside a local sweep (`-m`, basic launcher), where
-    exiting would end the sweep; None otherwise (a Slurm job must fail as itself)."""
+def _sweep_job() -> tuple[str, bool] | None:
+    """(the job's overrides, whether it runs in the sweep's own process: the basic launcher)
+    for a job of a multirun; None for a single run."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
     if not HydraConfig.initialized():
         return None
     hc = HydraConfig.get()
-    if hc.mode != RunMode.MULTIRUN or not hc.launcher._target_.endswith(".BasicLauncher"):
+    if hc.mode != RunMode.MULTIRUN:
         return None
-    return " ".join(hc.overrides.task) or f"#{hc.job.num}"
+    in_process = hc.launcher._target_.endswith(".BasicLauncher")
+    return " ".join(hc.overrides.task) or f"#{hc.job.num}", in_process
+
+
+def _in_process_sweep_job() -> str | None:
+    """The job's overrides when it runs inside a local sweep (`-m`, basic launcher), where
+    exiting would end the sweep; None otherwise (a Slurm job must fail as itself)."""
+    job = _sweep_job()
+    return job[0] if job is not None and job[1] else None
 
 
 def removable_up_to() -> Path | None:
@@ -303,7 +312,8 @@ def handle_errors():
     """Turn the errors a user can fix into one line on stderr and exit code 1 (run.py removes
     the run directory the failed run left empty). In a local sweep the job's line names it
     and the sweep goes on (one diverged run must not cost the rest); run.py exits 1 at the
-    end (exit_if_jobs_failed)."""
+    end (exit_if_jobs_failed). A submitit job exits 1 with its line or traceback last in its
+    log, which its launcher reports (hydra_plugins/sigma_moe_launchers)."""
     from framework.checkpoint import CheckpointError
     from framework.data import DataError
     from framework.registry import RegistryError
@@ -316,16 +326,29 @@ def handle_errors():
         if job is None:
             print(f"error: {e}", file=sys.stderr)
             sys.exit(1)
-        print(f"error: {e} [job {job}; the sweep goes on]", file=sys.stderr)
-        FAILED_JOBS.append(job)
+        report_failed_job(str(e), job, "the sweep goes on")
     except KeyboardInterrupt:
         print("interrupted; rerunning the same command resumes from the last checkpoint, if "
               "one was written", file=sys.stderr)
         sys.exit(130)
+    except Exception:
+        job = _sweep_job()
+        if job is None or job[1]:
+            raise
+        # A submitit job: Hydra would hand the exception to the launching process without its
+        # traceback, and the job would end "completed" (exit 0). Its log keeps the traceback.
+        traceback.print_exc()
+        sys.exit(1)
+
+
+def report_failed_job(message: str, job: str, detail: str) -> None:
+    """One line for a failed job of a sweep; run.py exits 1 at the end, naming it."""
+    print(f"error: {message} [job {job}; {detail}]", file=sys.stderr)
+    FAILED_JOBS.append(job)
 
 
 def exit_if_jobs_failed() -> None:
-    """After a local sweep: exit 1 naming the jobs that failed (each said why above)."""
+    """After a sweep: exit 1 naming the jobs that failed (each said why above)."""
     if FAILED_JOBS:
         print(f"error: {len(FAILED_JOBS)} job(s) of the sweep failed (see above): "
               f"{'; '.join(FAILED_JOBS)}", file=sys.stderr)

@@ -39,7 +39,7 @@ TEMPLATE = """\
 # it after changing those; do not edit the list by hand. Launching: docs/cluster.md.
 #
 # Slurm, one job per run:  python run.py -m +sweep={table}
-# on this machine instead: python run.py -m +sweep={table} hydra/launcher=submitit_local
+# on this machine instead: python run.py -m +sweep={table} hydra/launcher=local
 # other seeds:             python run.py -m +sweep={table} 'trainer.seed=range(5)'
 # some of the runs:        python run.py -m +sweep={table} +exp={example}
 # dry run, lists the jobs: python run.py -m +sweep={table} hydra/launcher=basic mode=params

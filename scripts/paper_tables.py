@@ -307,7 +307,7 @@ def latex_escape(s: str) -> str:
 LEGEND = ("Each cell: ours ± sample std over seeds (n seeds) / paper (Δ = ours − paper) · our "
           "parameter count. Metric: test bpc/ppl for WikiText-103 and Enwik8, validation ppl "
           "for C4 and peS2o. `—`: not run yet.")
-MISSING = ("Missing runs (Slurm jobs; `hydra/launcher=submitit_local` runs them on this "
+MISSING = ("Missing runs (Slurm jobs; `hydra/launcher=local` runs them on this "
            "machine; docs/cluster.md):")
 
 

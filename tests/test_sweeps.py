@@ -1,19 +1,22 @@
 """Sweep configs (configs/sweep/<table>.yaml, issue 6; docs/cluster.md).
 
-Every sweep composes under the Slurm launcher and under submitit_local, expands (with
+Every sweep composes under the Slurm launcher and under the local one, expands (with
 Hydra's own BasicSweeper) to exactly the experiments whose `paper:` block names its table
 x seeds 0, 1, 2, and is what scripts/make_sweeps.py writes. The Slurm settings reach the
 sbatch script, and the signal submitit sends before the time limit is one the trainer
-checkpoints on. One real multirun goes through submitit_local end to end.
+checkpoints on. Real multiruns go through the local launcher end to end, one with a failing job.
 """
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import submitit
 import yaml
+from hydra.core.utils import JobReturn, JobStatus
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 from submitit.slurm.slurm import SlurmJobEnvironment
@@ -25,8 +28,8 @@ from tests.helpers import compose_sweep, jobs
 ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = ROOT / "configs"
 TABLES = ["dense", "moe", "ablation", "pkm", "topk", "c4_pes2o"]
-SLURM = "hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher"
-LOCAL = "hydra_plugins.hydra_submitit_launcher.submitit_launcher.LocalLauncher"
+SLURM = "hydra_plugins.sigma_moe_launchers.SlurmLauncher"
+LOCAL = "hydra_plugins.sigma_moe_launchers.LocalLauncher"
 
 
 def paper_tables() -> dict[str, set[str]]:
@@ -44,8 +47,8 @@ def test_sweep_files_are_up_to_date():
 
 
 @pytest.mark.parametrize("table", TABLES)
-def test_sweep_runs_its_table_under_submitit_local(table):
-    cfg = compose_sweep(table, "hydra/launcher=submitit_local")
+def test_sweep_runs_its_table_under_the_local_launcher(table):
+    cfg = compose_sweep(table, "hydra/launcher=local")
     assert cfg.hydra.launcher._target_ == LOCAL
     assert cfg.sweep_name == table
     assert OmegaConf.select(cfg, "hydra.sweep.dir") == f"runs/sweeps/{table}"
@@ -57,7 +60,7 @@ def test_sweep_runs_its_table_under_submitit_local(table):
 
 
 def test_command_line_replaces_seeds_and_experiments():
-    cfg = compose_sweep("moe", "hydra/launcher=submitit_local")
+    cfg = compose_sweep("moe", "hydra/launcher=local")
     got = jobs(cfg, "trainer.seed=range(5)", "+exp=e8_moe,wt103_small_moe")
     assert sorted((j["+exp"], j["trainer.seed"]) for j in got) == [
         (e, str(s)) for e in ("e8_moe", "wt103_small_moe") for s in range(5)]
@@ -103,12 +106,12 @@ def test_slurm_settings_reach_sbatch(tmp_path, monkeypatch):
     assert (tmp_path / "runs" / "sweeps" / "moe").is_dir()
 
 
-def test_multirun_through_submitit_local(tmp_path):
+def test_multirun_through_the_local_launcher(tmp_path):
     """The documented local command, restricted to one run; mode=params allocates nothing."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HYDRA_FULL_ERROR": "1"}
     run = [sys.executable, str(ROOT / "run.py")]
     out = subprocess.run(
-        [*run, "-m", "+sweep=moe", "hydra/launcher=submitit_local", "+exp=e8_moe",
+        [*run, "-m", "+sweep=moe", "hydra/launcher=local", "+exp=e8_moe",
          "trainer.seed=1", "mode=params"],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
@@ -119,7 +122,7 @@ def test_multirun_through_submitit_local(tmp_path):
     assert "e8_moe [trainer.seed=1]: 41.24M parameters" in logs  # names the job
 
     # --cfg cannot go with -m in Hydra 1.3; without it, it shows the sweep's settings
-    out = subprocess.run([*run, "+sweep=moe", "hydra/launcher=submitit_local", "--cfg", "hydra",
+    out = subprocess.run([*run, "+sweep=moe", "hydra/launcher=local", "--cfg", "hydra",
                           "-p", "hydra.sweeper.params"],
                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr[-2000:]
@@ -148,6 +151,101 @@ def test_a_failing_job_does_not_end_a_local_sweep(tmp_path):
                                                                 "multirun.yaml"]
 
 
+def test_a_failing_job_is_one_line_under_the_local_launcher(tmp_path):
+    """The same sweep through submitit (hydra_plugins/sigma_moe_launchers): every job is
+    waited for, the failed one is one line naming its log (not submitit's traceback)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "run.py"), "-m", "+exp=mini_moe,mini_enwik_switch",
+         "ffn.n_experts=2", "mode=params", "hydra/launcher=local"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1, out.stderr[-2000:]
+    sweep = tmp_path / "runs" / "sweeps" / "multirun"
+    logs = {p.parent.name: p.read_text() for p in (sweep / ".submitit").rglob("*_log.out")}
+    assert len(logs) == 2
+    assert any("mini_enwik_switch [ffn.n_experts=2]: 0.65M parameters" in t
+               for t in logs.values())
+    error, summary = out.stderr.strip().splitlines()
+    failed = re.fullmatch(
+        r"error: ffn.k=4 must be between 1 and ffn.n_experts=2: lower ffn.k or raise "
+        r"ffn.n_experts \[job \+exp=mini_moe ffn.n_experts=2 mode=params; log (\S+)\]", error)
+    assert failed, error
+    assert Path(tmp_path / failed[1]).read_text().strip() == error.split(" [job")[0]
+    assert summary == ("error: 1 job(s) of the sweep failed (see above): +exp=mini_moe "
+                       "ffn.n_experts=2 mode=params")
+
+
+class FakeJob:
+    """A finished submitit job: what it wrote to stderr, and its result or failure."""
+
+    def __init__(self, stderr: str, result=None, raises: Exception | None = None):
+        self._stderr, self.result, self.raises = stderr, result, raises
+        self.paths = SimpleNamespace(stderr=Path("sw/.submitit/7/7_0_log.err"))
+        self.asked = False
+
+    def wait(self):
+        pass
+
+    def stderr(self):
+        return self._stderr
+
+    def results(self):
+        self.asked = True
+        if self.raises is not None:
+            raise self.raises
+        return [self.result]
+
+
+def test_the_launchers_report_each_kind_of_failure(monkeypatch, capsys):
+    from submitit.core.utils import UncompletedJobError
+
+    from framework import cli
+    from hydra_plugins.sigma_moe_launchers import _Settled
+
+    monkeypatch.setattr(cli, "FAILED_JOBS", [])
+
+    def job_return(status, value):
+        ret = JobReturn()
+        ret.status, ret.return_value = status, value
+        return ret
+
+    done = job_return(JobStatus.COMPLETED, 3.5)
+    assert _Settled(FakeJob("some warning\n", done), ["+exp=a"]).results() == [done]
+    said = FakeJob("warning\nerror: no dataset wt103: run scripts/prepare_data.py wt103\n\n",
+                   raises=AssertionError("not asked: no result comes after this line"))
+    cases = [  # job, what its line says
+        (said, "no dataset wt103: run scripts/prepare_data.py wt103"),
+        (FakeJob("Traceback (most recent call last):\n  ...\nRuntimeError: a bug\n",
+                 raises=UncompletedJobError("no output")),
+         "stopped without a result; its stderr ends: RuntimeError: a bug"),
+        (FakeJob("", raises=UncompletedJobError("killed")), "stopped without a result"),
+        (FakeJob("", job_return(JobStatus.FAILED, ValueError("bad value"))),
+         "ValueError: bad value"),
+    ]
+    for i, (job, line) in enumerate(cases):
+        assert _Settled(job, [f"+exp=e{i}", "trainer.seed=0"]).results() == [None]
+        assert capsys.readouterr().err == (
+            f"error: {line} [job +exp=e{i} trainer.seed=0; log sw/.submitit/7/7_0_log.err]\n")
+    assert not said.asked  # submitit would wait 15 s for a result that never comes
+    assert cli.FAILED_JOBS == [f"+exp=e{i} trainer.seed=0" for i in range(len(cases))]
+
+
+def test_a_submitit_job_logs_the_traceback_of_a_bug_and_exits_1(monkeypatch, capsys):
+    from framework import cli
+
+    for in_process in (False, True):
+        monkeypatch.setattr(cli, "_sweep_job", lambda p=in_process: ("+exp=e8_moe", p))
+        with pytest.raises(SystemExit if not in_process else RuntimeError) as e:
+            with cli.handle_errors():
+                raise RuntimeError("a bug")
+        err = capsys.readouterr().err
+        if not in_process:  # its launcher reads the last line of its log
+            assert e.value.code == 1
+            assert err.startswith("Traceback") and err.endswith("RuntimeError: a bug\n")
+        else:  # the basic launcher's process sees the exception itself
+            assert err == ""
+
+
 def test_unknown_sweep_or_slurm_without_slurm_is_one_line(monkeypatch, capsys):
     from framework import cli
 
@@ -156,7 +254,7 @@ def test_unknown_sweep_or_slurm_without_slurm_is_one_line(monkeypatch, capsys):
     monkeypatch.setattr(cli.shutil, "which", lambda name: None)  # no srun here
     for args, sweep in ((["+exp=e8_dense"], "dense"), (["+exp=e8_moe", "hydra/launcher=slurm"],
                                                        None)):
-        with pytest.raises(ConfigError, match="srun is not on this machine.*submitit_local"):
+        with pytest.raises(ConfigError, match="srun is not on this machine.*hydra/launcher=local"):
             cli.check_launcher(args, sweep)
     for args, sweep in ((["hydra/launcher=basic"], "dense"), ([], "mini"), ([], None)):
         cli.check_launcher(args, sweep)  # launchers that need no Slurm
