@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from framework.checkpoint import atomic_write_bytes
+from framework.config import ConfigError
 
 
 @dataclass(frozen=True)
@@ -49,13 +50,24 @@ class RunLogger:
             id_file = run_dir / "wandb_id.txt"
             run_id = id_file.read_text().strip() if id_file.exists() else secrets.token_hex(4)
             atomic_write_bytes(id_file, run_id.encode())
-            self.wandb = wandb.init(
-                project=cfg.project, entity=cfg.entity or None, mode=cfg.mode, name=name,
-                group=cfg.group or None, id=run_id, resume="allow", dir=str(run_dir),
-                # run_dir: its name holds the overrides (scripts/paper_tables.py reads them)
-                config={**config, "run_dir": str(run_dir)},
-                tags=[config.get("ffn", {}).get("kind", "")],
-            )
+            kind = config.get("ffn", {}).get("kind")
+            try:
+                self.wandb = wandb.init(
+                    project=cfg.project, entity=cfg.entity or None, mode=cfg.mode, name=name,
+                    group=cfg.group or None, id=run_id, resume="allow", dir=str(run_dir),
+                    # run_dir: its name holds the overrides (scripts/paper_tables.py reads them)
+                    config={**config, "run_dir": str(run_dir)},
+                    tags=[kind] if kind else None,  # wandb refuses an empty tag
+                )
+            except (wandb.errors.UsageError, wandb.errors.AuthenticationError):
+                raise ConfigError(
+                    f"logger.mode={cfg.mode}: wandb has no valid login; run `wandb login` or set "
+                    f"WANDB_API_KEY (or use logger.mode=offline)") from None
+            except wandb.errors.Error as e:  # e.g. no network: the run can go on offline
+                said = (str(e).strip() or type(e).__name__).splitlines()[0]
+                raise ConfigError(f"logger.mode={cfg.mode}: wandb.init failed ({said}); "
+                                  f"logger.mode=offline logs locally (`wandb sync` uploads "
+                                  f"later)") from None
 
     def log(self, metrics: dict[str, Any], step: int) -> None:
         if not self.enabled:

@@ -66,6 +66,21 @@ def build_model_config(cfg: dict[str, Any], vocab_size: int) -> TransformerXLCon
     )
 
 
+def check_batch_split(batch_size: int, world_size: int, grad_accum: int) -> None:
+    """task.batch_size is the global batch: split over the processes, then each process's
+    share into trainer.grad_accum micro-batches. Checked before training starts."""
+    if batch_size % world_size:
+        raise ConfigError(f"task.batch_size={batch_size} (the global batch) does not divide "
+                          f"by the {world_size} processes of this run: choose a multiple of "
+                          f"{world_size}")
+    per_rank = batch_size // world_size
+    if per_rank % grad_accum:
+        share = (f"task.batch_size={batch_size}" if world_size == 1 else
+                 f"the {per_rank} sequences of each process (task.batch_size={batch_size} "
+                 f"over {world_size} processes)")
+        raise ConfigError(f"trainer.grad_accum={grad_accum} does not divide {share}")
+
+
 def load_data(cfg: dict[str, Any]) -> TokenData:
     data_cfg = dict(cfg["dataset"])
     kind = data_cfg.pop("kind")
@@ -91,10 +106,7 @@ class LMTask:
         x_BT, y_BT, epoch_start = self.batcher.next()
         if epoch_start:
             self.mems = None
-        B = x_BT.shape[0]
-        if B % n_micro:
-            raise ConfigError(
-                f"per-rank batch {B} is not divisible by trainer.grad_accum={n_micro}")
+        B = x_BT.shape[0]  # divisible by n_micro: check_batch_split
         x_BT, y_BT = x_BT.to(self.device), y_BT.to(self.device)
         new_mems: list[list[torch.Tensor]] = []
         m = B // n_micro

@@ -40,7 +40,7 @@ from models.ffn.experts import ExpertsConfig
 from models.flops import ffn_flops, relative_ffn_flops
 from models.transformer_xl import TransformerXL, n_params
 from tasks import TASKS
-from tasks.lm import LMTask, LMTaskConfig, build_model_config, load_data
+from tasks.lm import LMTask, LMTaskConfig, build_model_config, check_batch_split, load_data
 
 
 def reset_peak_rss() -> None:
@@ -87,6 +87,7 @@ def run(cfg: dict[str, Any], run_dir: Path) -> dict[str, Any] | None:
     device = resolve_device(trainer_cfg.device)
     check_backend(model_cfg, device, resolve_precision(trainer_cfg.precision, device))
     dist_info = init_distributed(device.type)
+    check_batch_split(task_cfg.batch_size, dist_info.world_size, trainer_cfg.grad_accum)
     if device.type == "cuda" and dist_info.enabled:  # init_distributed made it current
         device = torch.device("cuda", dist_info.local_rank)
     if dist_info.is_main:

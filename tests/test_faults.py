@@ -456,6 +456,24 @@ def test_a_run_resumes_with_another_grad_accum(tmp_path):
     assert choose_run_dir(cfg, tmp_path) is None  # finished, for either split
 
 
+def test_a_batch_that_does_not_split_stops_before_training(tmp_path):
+    from tasks.lm import check_batch_split
+
+    cfg = compose_cfg([*OVERRIDES, "trainer.grad_accum=3"])  # task.batch_size=4
+    with pytest.raises(ConfigError, match=r"^trainer.grad_accum=3 does not divide "
+                                          r"task.batch_size=4$"):
+        RUN(cfg, tmp_path)
+    assert not list_checkpoints(tmp_path) and not (tmp_path / "metrics.jsonl").exists()
+    with pytest.raises(ConfigError, match=r"^task.batch_size=16 \(the global batch\) does "
+                                          r"not divide by the 3 processes of this run"):
+        check_batch_split(16, 3, 1)
+    with pytest.raises(ConfigError, match=r"^trainer.grad_accum=3 does not divide the 8 "
+                                          r"sequences of each process \(task.batch_size=16 "
+                                          r"over 2 processes\)$"):
+        check_batch_split(16, 2, 3)
+    check_batch_split(24, 2, 3)
+
+
 def test_checkpoints_of_another_config_are_not_resumed(tmp_path):
     RUN(compose_cfg([*OVERRIDES, "trainer.steps=2"]), tmp_path)
     (tmp_path / "results.json").unlink()  # as if interrupted after its last checkpoint

@@ -107,6 +107,19 @@ def test_wandb_offline_logs_into_the_run_dir(tmp_path, monkeypatch):
     assert list(offline.glob("*.wandb"))  # the offline run's data, syncable later
 
 
+def test_wandb_online_without_a_login_is_one_line(tmp_path, monkeypatch):
+    from framework.loggers import LoggerConfig, RunLogger
+
+    for key in ("WANDB_API_KEY", "WANDB_MODE"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc login
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb_config"))
+    with pytest.raises(ConfigError, match=r"^logger.mode=online: wandb has no valid login; run "
+                                          r"`wandb login` or set WANDB_API_KEY \(or use "
+                                          r"logger.mode=offline\)$"):
+        RunLogger(LoggerConfig(kind="wandb", mode="online"), tmp_path, {}, "run")
+
+
 def test_step_metrics_reach_the_host_in_one_transfer(monkeypatch):
     from framework.trainer import to_host
 
