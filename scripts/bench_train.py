@@ -7,7 +7,8 @@ parameter-equal dense twin). torch (+ triton) only, no Hydra, so it runs on GPU 
 Times forward + backward + Adam step of the Transformer-XL (memory included) after warm-up,
 at the paper's batch (halved until a step fits the GPU; `--batch` sets it), alternating the
 two models step by step; prints the median ms/step, tokens/s, peak memory
-and the median of the per-round MoE/dense ratios, and writes JSON to
+and the median (and quartiles) of the per-round MoE/dense ratios, as
+scripts/bench_moe.py does, and writes JSON to
 benchmarks/train_<device>.json: the run with the device's defaults only (the committed
 results come from it); any other run writes under runs/bench/ unless `--out` says where.
 """
@@ -33,6 +34,7 @@ from scripts.bench_moe import (  # noqa: E402
     DTYPES,
     device_slug,
     out_path,
+    paired_ratio,
     parse_with_defaults,
     sync,
 )
@@ -123,9 +125,8 @@ def bench_batch(shape, device, dtype, warmup, reps, batch) -> dict:
         r = row[kind]
         r["ms"] = statistics.median(r["ms_all"])
         r["tokens_per_s"] = r.pop("tokens") / r["ms"] * 1000
-    ratios = [m / d for m, d in zip(row["sigma_moe"]["ms_all"], row["dense"]["ms_all"])]
-    row["moe_over_dense_time"] = statistics.median(ratios)
-    row["moe_over_dense_range"] = [min(ratios), max(ratios)]
+    row["moe_over_dense_time"], row["moe_over_dense_quartiles"] = paired_ratio(
+        row["sigma_moe"]["ms_all"], row["dense"]["ms_all"])
     return row
 
 
@@ -175,10 +176,10 @@ def main(argv=None) -> dict:
             peak = f"{r['peak_mb']:.0f}" if r["peak_mb"] is not None else "-"
             print(f"{shape:10} {kind:10} {r['n_params'] / 1e6:7.1f}M {r['ms']:9.1f} "
                   f"{r['tokens_per_s']:9.0f} {peak:>9}")
-        lo, hi = row["moe_over_dense_range"]
+        q1, q3 = row["moe_over_dense_quartiles"]
         print(f"{shape:10} sigma-MoE / dense step time: {row['moe_over_dense_time']:.2f}x "
-              f"(batch {row['batch']}, median of {args.reps} paired rounds, range "
-              f"{lo:.2f}-{hi:.2f})")
+              f"(batch {row['batch']}, median of {args.reps} paired rounds, quartiles "
+              f"{q1:.2f}-{q3:.2f})")
         out["results"][shape] = row
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(out, indent=1) + "\n")

@@ -18,8 +18,8 @@ def test_bench_train_cpu_mini(tmp_path):
     assert len(moe) == len(dense) == 3
     assert row["moe_over_dense_time"] == pytest.approx(
         statistics.median(m / d for m, d in zip(moe, dense)))
-    lo, hi = row["moe_over_dense_range"]
-    assert lo <= row["moe_over_dense_time"] <= hi
+    q1, q3 = row["moe_over_dense_quartiles"]
+    assert q1 <= row["moe_over_dense_time"] <= q3
     assert json.loads((tmp_path / "t.json").read_text())["device"] == "cpu"
 
 
@@ -36,7 +36,7 @@ def test_flags_that_change_the_results(argv, changed):
 
 def test_only_the_default_run_writes_benchmarks(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(bench_moe, "ROOT", tmp_path)
-    row = {"batch": 16, "moe_over_dense_time": 0.8, "moe_over_dense_range": [0.7, 0.9],
+    row = {"batch": 16, "moe_over_dense_time": 0.8, "moe_over_dense_quartiles": [0.7, 0.9],
            **{k: {"peak_mb": None, "n_params": 1, "ms": 1.0, "tokens_per_s": 1.0}
               for k in ("dense", "sigma_moe")}}
     monkeypatch.setattr(bench_train, "bench_shape", lambda *a: row)  # nothing is timed
