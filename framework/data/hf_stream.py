@@ -131,7 +131,7 @@ def hf_texts(name: str, repo: str, split: str = "train", data_files: str | None 
         first = next(rows)
     except Exception as e:  # offline, no `datasets`, a renamed repo: one actionable line
         reason = (str(e).strip().splitlines() or [""])[0][:200]
-        cmd = prepare_command(name, local or f"/path/to/local/{repo.split('/')[-1]}")
+        cmd = prepare_command(name, local or f"/path/to/{repo.split('/')[-1]}")
         raise DataError(f"{name}: could not stream {repo} from the Hugging Face hub "
                         f"({type(e).__name__}: {reason}); prepare it with `{cmd}`") from None
     for row in itertools.chain([first], rows):
