@@ -22,9 +22,9 @@ prepare_argv(sys.argv)
 
 @hydra.main(version_base=None, config_path="configs", config_name="config")
 def main(cfg: DictConfig):
-    from tasks import TASKS
-
     with handle_errors():
+        from tasks import TASKS
+
         plain = OmegaConf.to_container(cfg, resolve=True)
         run_dir = prepare_run_dir(plain)
         if run_dir is None:  # already finished: nothing to do

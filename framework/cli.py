@@ -312,8 +312,8 @@ def handle_errors():
     """Turn the errors a user can fix into one line on stderr and exit code 1 (run.py removes
     the run directory the failed run left empty). In a local sweep the job's line names it
     and the sweep goes on (one diverged run must not cost the rest); run.py exits 1 at the
-    end (exit_if_jobs_failed). A submitit job exits 1 with its line or traceback last in its
-    log, which its launcher reports (hydra_plugins/sigma_moe_launchers)."""
+    end (exit_if_jobs_failed). A submitit job exits 1 after its line (after the traceback of
+    an unexpected exception), which its launcher reports (hydra_plugins/sigma_moe_launchers)."""
     from framework.checkpoint import CheckpointError
     from framework.data import DataError
     from framework.registry import RegistryError
@@ -331,13 +331,16 @@ def handle_errors():
         print("interrupted; rerunning the same command resumes from the last checkpoint, if "
               "one was written", file=sys.stderr)
         sys.exit(130)
-    except Exception:
+    except Exception as e:
         job = _sweep_job()
         if job is None or job[1]:
             raise
         # A submitit job: Hydra would hand the exception to the launching process without its
-        # traceback, and the job would end "completed" (exit 0). Its log keeps the traceback.
+        # traceback, and the job would end "completed" (exit 0). Its log keeps the traceback;
+        # its launcher reports the line after it.
         traceback.print_exc()
+        said = (str(e).strip().splitlines() or [""])[0]
+        print(f"error: {type(e).__name__}: {said} (traceback above)", file=sys.stderr)
         sys.exit(1)
 
 

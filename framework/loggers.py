@@ -59,15 +59,12 @@ class RunLogger:
                     config={**config, "run_dir": str(run_dir)},
                     tags=[kind] if kind else None,  # wandb refuses an empty tag
                 )
-            except (wandb.errors.UsageError, wandb.errors.AuthenticationError):
-                raise ConfigError(
-                    f"logger.mode={cfg.mode}: wandb has no valid login; run `wandb login` or set "
-                    f"WANDB_API_KEY (or use logger.mode=offline)") from None
-            except wandb.errors.Error as e:  # e.g. no network: the run can go on offline
-                said = (str(e).strip() or type(e).__name__).splitlines()[0]
-                raise ConfigError(f"logger.mode={cfg.mode}: wandb.init failed ({said}); "
-                                  f"logger.mode=offline logs locally (`wandb sync` uploads "
-                                  f"later)") from None
+            except wandb.errors.Error as e:  # no login, no network, a bad project name
+                said = (str(e).strip() or type(e).__name__).splitlines()[0].rstrip(".")
+                hint = ("; logger.mode=offline logs locally (`wandb sync` uploads later)"
+                        if cfg.mode == "online" else "")
+                raise ConfigError(f"logger.mode={cfg.mode}: wandb.init failed: {said}{hint}"
+                                  ) from None
 
     def log(self, metrics: dict[str, Any], step: int) -> None:
         if not self.enabled:

@@ -338,31 +338,31 @@ class Trainer:
         if self.resume():
             self._continue_code()
         self.model.train()
-        bar = tqdm(total=cfg.steps, initial=self.step, disable=not (self.is_main and cfg.progress),
-                   dynamic_ncols=True, desc="train")
         t0, tokens = time.perf_counter(), 0
         clock = t0  # the time of the steps redone after a resume counts once
-        while self.step < cfg.steps:
-            metrics = self.train_step()
-            self.step += 1
-            tokens += self.task.tokens_per_step
-            bar.update(1)
-            if self.step % cfg.log_every == 0 or self.step == cfg.steps:
-                dt = time.perf_counter() - t0
-                metrics["tokens_per_s"] = tokens / max(dt, 1e-9)
-                bar.set_postfix(loss=f"{metrics['loss']:.3f}",
-                                tok_s=f"{metrics['tokens_per_s']:.0f}")
-                self.logger.log({f"train/{k}": v for k, v in metrics.items()}, self.step)
-                t0, tokens = time.perf_counter(), 0
-            if self.step % cfg.val_every == 0 and self.step < cfg.steps:
-                self.logger.log({f"valid/{k}": v for k, v in self.task.validate().items()},
-                                self.step)
-                self.model.train()
-            now = time.perf_counter()
-            self.train_seconds, clock = self.train_seconds + now - clock, now
-            preempted = self._preempted()
-            if self.step % cfg.ckpt_every == 0 or self.step == cfg.steps or preempted:
-                self.checkpoint()
-            if preempted:
-                break
-        bar.close()
+        # closed on an error too, so that the error's line does not end up glued to the bar
+        with tqdm(total=cfg.steps, initial=self.step, dynamic_ncols=True, desc="train",
+                  disable=not (self.is_main and cfg.progress)) as bar:
+            while self.step < cfg.steps:
+                metrics = self.train_step()
+                self.step += 1
+                tokens += self.task.tokens_per_step
+                bar.update(1)
+                if self.step % cfg.log_every == 0 or self.step == cfg.steps:
+                    dt = time.perf_counter() - t0
+                    metrics["tokens_per_s"] = tokens / max(dt, 1e-9)
+                    bar.set_postfix(loss=f"{metrics['loss']:.3f}",
+                                    tok_s=f"{metrics['tokens_per_s']:.0f}")
+                    self.logger.log({f"train/{k}": v for k, v in metrics.items()}, self.step)
+                    t0, tokens = time.perf_counter(), 0
+                if self.step % cfg.val_every == 0 and self.step < cfg.steps:
+                    self.logger.log({f"valid/{k}": v for k, v in self.task.validate().items()},
+                                    self.step)
+                    self.model.train()
+                now = time.perf_counter()
+                self.train_seconds, clock = self.train_seconds + now - clock, now
+                preempted = self._preempted()
+                if self.step % cfg.ckpt_every == 0 or self.step == cfg.steps or preempted:
+                    self.checkpoint()
+                if preempted:
+                    break

@@ -106,7 +106,8 @@ class LMTask:
         x_BT, y_BT, epoch_start = self.batcher.next()
         if epoch_start:
             self.mems = None
-        B = x_BT.shape[0]  # divisible by n_micro: check_batch_split
+        B = x_BT.shape[0]
+        assert B % n_micro == 0, "checked before training (check_batch_split)"
         x_BT, y_BT = x_BT.to(self.device), y_BT.to(self.device)
         new_mems: list[list[torch.Tensor]] = []
         m = B // n_micro

@@ -82,12 +82,12 @@ def run(cfg: dict[str, Any], run_dir: Path) -> dict[str, Any] | None:
         check_trained_as(run_dir, cfg)
 
     reset_peak_rss()
-    data = load_data(cfg)
-    model_cfg = build_model_config(cfg, data.vocab_size)
     device = resolve_device(trainer_cfg.device)
-    check_backend(model_cfg, device, resolve_precision(trainer_cfg.precision, device))
     dist_info = init_distributed(device.type)
     check_batch_split(task_cfg.batch_size, dist_info.world_size, trainer_cfg.grad_accum)
+    data = load_data(cfg)
+    model_cfg = build_model_config(cfg, data.vocab_size)
+    check_backend(model_cfg, device, resolve_precision(trainer_cfg.precision, device))
     if device.type == "cuda" and dist_info.enabled:  # init_distributed made it current
         device = torch.device("cuda", dist_info.local_rank)
     if dist_info.is_main:

@@ -66,7 +66,17 @@ def test_command_line_replaces_seeds_and_experiments():
         (e, str(s)) for e in ("e8_moe", "wt103_small_moe") for s in range(5)]
 
 
-def test_slurm_settings_reach_sbatch(tmp_path, monkeypatch):
+@pytest.fixture
+def srun_here(tmp_path, monkeypatch):
+    """A stub srun on PATH (submitit insists on finding one), and tmp_path as the cwd."""
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "srun").write_text("#!/bin/sh\n")
+    (tmp_path / "bin" / "srun").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.chdir(tmp_path)
+
+
+def test_slurm_settings_reach_sbatch(tmp_path, monkeypatch, srun_here):
     cfg = compose_sweep("moe", "hydra.launcher.tasks_per_node=4",
                         "hydra.launcher.gpus_per_node=4", "hydra.job.name=run")
     launcher_cfg = cfg.hydra.launcher
@@ -75,11 +85,6 @@ def test_slurm_settings_reach_sbatch(tmp_path, monkeypatch):
     # the signal submitit sends signal_delay_s before the limit makes the trainer checkpoint
     assert f"SIG{SlurmJobEnvironment.USR_SIG}" in cfg.trainer.preempt_signals
 
-    (tmp_path / "bin").mkdir()
-    (tmp_path / "bin" / "srun").write_text("#!/bin/sh\n")  # submitit insists on finding srun
-    (tmp_path / "bin" / "srun").chmod(0o755)
-    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
-    monkeypatch.chdir(tmp_path)
     seen = {}
 
     class Submitted(Exception):
@@ -176,18 +181,24 @@ def test_a_failing_job_is_one_line_under_the_local_launcher(tmp_path):
 
 
 class FakeJob:
-    """A finished submitit job: what it wrote to stderr, and its result or failure."""
+    """A finished submitit job: its log files, whether it left a result, and what submitit's
+    results() would give."""
 
-    def __init__(self, stderr: str, result=None, raises: Exception | None = None):
-        self._stderr, self.result, self.raises = stderr, result, raises
-        self.paths = SimpleNamespace(stderr=Path("sw/.submitit/7/7_0_log.err"))
-        self.asked = False
+    def __init__(self, folder: Path, stderr: str | None, result=None,
+                 raises: Exception | None = None, stdout: str = ""):
+        folder.mkdir()
+        self.paths = SimpleNamespace(stderr=folder / "7_0_log.err",
+                                     stdout=folder / "7_0_log.out",
+                                     result_pickle=folder / "7_0_result.pkl")
+        if stderr is not None:  # None: stderr_to_stdout
+            self.paths.stderr.write_text(stderr)
+        self.paths.stdout.write_text(stdout)
+        if raises is None:
+            self.paths.result_pickle.write_bytes(b"")
+        self.result, self.raises, self.asked = result, raises, False
 
     def wait(self):
         pass
-
-    def stderr(self):
-        return self._stderr
 
     def results(self):
         self.asked = True
@@ -196,7 +207,7 @@ class FakeJob:
         return [self.result]
 
 
-def test_the_launchers_report_each_kind_of_failure(monkeypatch, capsys):
+def test_the_launchers_report_each_kind_of_failure(tmp_path, monkeypatch, capsys):
     from submitit.core.utils import UncompletedJobError
 
     from framework import cli
@@ -210,38 +221,72 @@ def test_the_launchers_report_each_kind_of_failure(monkeypatch, capsys):
         return ret
 
     done = job_return(JobStatus.COMPLETED, 3.5)
-    assert _Settled(FakeJob("some warning\n", done), ["+exp=a"]).results() == [done]
-    said = FakeJob("warning\nerror: no dataset wt103: run scripts/prepare_data.py wt103\n\n",
-                   raises=AssertionError("not asked: no result comes after this line"))
-    cases = [  # job, what its line says
-        (said, "no dataset wt103: run scripts/prepare_data.py wt103"),
-        (FakeJob("Traceback (most recent call last):\n  ...\nRuntimeError: a bug\n",
-                 raises=UncompletedJobError("no output")),
-         "stopped without a result; its stderr ends: RuntimeError: a bug"),
-        (FakeJob("", raises=UncompletedJobError("killed")), "stopped without a result"),
-        (FakeJob("", job_return(JobStatus.FAILED, ValueError("bad value"))),
-         "ValueError: bad value"),
+    for i, log in enumerate(["some warning\n", "error: printed, but the job finished\n"]):
+        assert _Settled(FakeJob(tmp_path / f"ok{i}", log, done), ["+exp=a"]).results() == [done]
+    no_result = AssertionError("not asked: no result comes after an error line")
+    bar = "train:   0%|          | 2/900 [00:01<09:00]"
+    cases = [  # job, what its line says, its log file
+        (FakeJob(tmp_path / "0", "warning\nerror: no dataset wt103: run prepare_data.py\n\n",
+                 raises=no_result), "no dataset wt103: run prepare_data.py", "err"),
+        # a progress bar redrawn with carriage returns, then srun's own line (Slurm)
+        (FakeJob(tmp_path / "1", f"\r{bar}\r{bar}\nerror: diverged at step 3\n\r{bar}\n"
+                 "srun: error: node01: task 0: Exited with exit code 1\n", raises=no_result),
+         "diverged at step 3", "err"),
+        (FakeJob(tmp_path / "2", None, raises=no_result, stdout="x\nerror: bad value\n"),
+         "bad value", "out"),  # stderr_to_stdout
+        (FakeJob(tmp_path / "3", "Traceback (most recent call last):\n  ...\nRuntimeError: a "
+                 "bug\n", raises=UncompletedJobError("no output")),
+         "stopped without a result; its log ends: RuntimeError: a bug", "err"),
+        (FakeJob(tmp_path / "4", "", raises=UncompletedJobError("killed")),
+         "stopped without a result", "err"),
+        (FakeJob(tmp_path / "5", "", job_return(JobStatus.FAILED, ValueError("bad value"))),
+         "ValueError: bad value", "err"),
     ]
-    for i, (job, line) in enumerate(cases):
+    for i, (job, line, log) in enumerate(cases):
         assert _Settled(job, [f"+exp=e{i}", "trainer.seed=0"]).results() == [None]
         assert capsys.readouterr().err == (
-            f"error: {line} [job +exp=e{i} trainer.seed=0; log sw/.submitit/7/7_0_log.err]\n")
-    assert not said.asked  # submitit would wait 15 s for a result that never comes
+            f"error: {line} [job +exp=e{i} trainer.seed=0; log {tmp_path / str(i)}/7_0_log."
+            f"{log}]\n")
     assert cli.FAILED_JOBS == [f"+exp=e{i} trainer.seed=0" for i in range(len(cases))]
+
+
+def test_ctrl_c_while_waiting_for_slurm_jobs_is_one_line(monkeypatch, capsys, srun_here):
+    cfg = compose_sweep("moe", "hydra.job.name=run")
+
+    class Waiting:  # a submitted job; Ctrl-C comes while the launcher waits for it
+        def __init__(self, job_id):
+            self.job_id = job_id
+
+        def wait(self):
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(submitit.AutoExecutor, "map_array",
+                        lambda executor, fn, *args: [Waiting(f"123_{i}") for i in range(2)])
+    launcher = instantiate(cfg.hydra.launcher)
+    launcher.setup(hydra_context=None, task_function=None, config=cfg)
+    with pytest.raises(SystemExit) as e:
+        launcher.launch([["+exp=e8_moe", "trainer.seed=0"], ["+exp=e8_moe", "trainer.seed=1"]],
+                        initial_job_idx=0)
+    assert e.value.code == 130
+    assert capsys.readouterr().err == (
+        "interrupted; the Slurm jobs keep running (scancel 123 stops them); rerunning the "
+        "same command skips the finished runs and resumes the others from their last "
+        "checkpoints\n")
 
 
 def test_a_submitit_job_logs_the_traceback_of_a_bug_and_exits_1(monkeypatch, capsys):
     from framework import cli
+    from hydra_plugins.sigma_moe_launchers import said
 
     for in_process in (False, True):
         monkeypatch.setattr(cli, "_sweep_job", lambda p=in_process: ("+exp=e8_moe", p))
         with pytest.raises(SystemExit if not in_process else RuntimeError) as e:
             with cli.handle_errors():
-                raise RuntimeError("a bug")
+                raise RuntimeError("a bug\nin two lines")
         err = capsys.readouterr().err
-        if not in_process:  # its launcher reads the last line of its log
-            assert e.value.code == 1
-            assert err.startswith("Traceback") and err.endswith("RuntimeError: a bug\n")
+        if not in_process:  # its launcher reads the last error line of its log
+            assert e.value.code == 1 and err.startswith("Traceback")
+            assert said(err) == "RuntimeError: a bug (traceback above)"
         else:  # the basic launcher's process sees the exception itself
             assert err == ""
 

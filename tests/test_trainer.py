@@ -114,10 +114,12 @@ def test_wandb_online_without_a_login_is_one_line(tmp_path, monkeypatch):
         monkeypatch.delenv(key, raising=False)
     monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc login
     monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb_config"))
-    with pytest.raises(ConfigError, match=r"^logger.mode=online: wandb has no valid login; run "
-                                          r"`wandb login` or set WANDB_API_KEY \(or use "
-                                          r"logger.mode=offline\)$"):
+    with pytest.raises(ConfigError, match=r"^logger.mode=online: wandb.init failed: No API key "
+                                          r"configured. Use `wandb login` to log in; "
+                                          r"logger.mode=offline logs locally"):
         RunLogger(LoggerConfig(kind="wandb", mode="online"), tmp_path, {}, "run")
+    with pytest.raises(ConfigError, match=r"^logger.mode=offline: wandb.init failed: .*project"):
+        RunLogger(LoggerConfig(kind="wandb", project="my/project"), tmp_path, {}, "run")
 
 
 def test_step_metrics_reach_the_host_in_one_transfer(monkeypatch):

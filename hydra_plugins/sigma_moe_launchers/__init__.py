@@ -3,15 +3,20 @@
 The plugin waits for the jobs in submission order and re-raises the first failure as
 submitit's exception: about 26 lines of traceback with the job's own one-line error at the
 end, and the later jobs' outcomes never read. These launchers wait for every job, print one
-`error: ... [job <overrides>; log <its stderr file>]` line per failed job, and leave the exit
+`error: ... [job <overrides>; log <its log file>]` line per failed job, and leave the exit
 code to run.py (`framework.cli.exit_if_jobs_failed`), as a sweep under the basic launcher
-does. Hydra instantiates launchers from the `hydra_plugins` namespace package only, hence
-this package; it registers their configs as `slurm_base` and `local_base`, which
-configs/hydra/launcher/{slurm,local}.yaml extend.
+does. A job that fails ends its log with such a line (framework.cli's handle_errors).
+
+Hydra instantiates launchers from the `hydra_plugins` namespace package only, hence this
+package; it registers their configs as `slurm_base` and `local_base`, which
+configs/hydra/launcher/{slurm,local}.yaml extend. Hydra imports it on every start (plugin
+discovery), so it imports nothing heavy at the top.
 """
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
@@ -19,14 +24,27 @@ from hydra.core.utils import JobReturn, JobStatus, filter_overrides
 from hydra_plugins.hydra_submitit_launcher import submitit_launcher as plugin
 from hydra_plugins.hydra_submitit_launcher.config import LocalQueueConf, SlurmQueueConf
 
-from framework.cli import report_failed_job
+TAIL_BYTES = 1 << 16  # of a log, enough for its last lines (training logs can be long)
 
 
-def last_line(text: str) -> str | None:
-    """The last non-blank line of a job's stderr: its `error: ...` line (framework.cli's
-    handle_errors prints it, then exits 1) or the exception line of its traceback."""
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    return lines[-1] if lines else None
+def log_tail(job: Any) -> tuple[Path, str]:
+    """(the job's log file, its last TAIL_BYTES): stderr, or stdout under stderr_to_stdout."""
+    path = job.paths.stderr if job.paths.stderr.exists() else job.paths.stdout
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, f.seek(0, 2) - TAIL_BYTES))
+            return path, f.read().decode(errors="replace")
+    except OSError:  # not written (yet: a file system that lags)
+        return path, ""
+
+
+def said(log: str) -> str | None:
+    """The job's last `error: ...` line without the prefix (None: it printed none). Lines
+    split at carriage returns too: a progress bar redraws its line with them; srun appends
+    its own `srun: error: ...` lines after the job's."""
+    lines = [ln.strip() for ln in log.splitlines()]
+    return next((ln.removeprefix("error: ") for ln in reversed(lines)
+                 if ln.startswith("error: ")), None)
 
 
 class _Settled:
@@ -39,44 +57,59 @@ class _Settled:
     def results(self) -> list[JobReturn | None]:
         from submitit.core.utils import UncompletedJobError
 
+        from framework.cli import report_failed_job
+
         self.job.wait()
-        said = last_line(self.job.stderr() or "")
-        if said is None or not said.startswith("error: "):
-            # no error line of ours: a result is coming (submitit waits up to 15 s for the
-            # file, which is why a job that said why it failed is not asked for one)
+        path, log = log_tail(self.job)
+        line = said(log)
+        # A job with a result file finished (or submitit caught its exception). One without
+        # and with an error line exited 1 after it: no result will come, and submitit would
+        # wait 15 s for one (the file may lag on a network file system: without an error
+        # line, that wait is worth it).
+        if self.job.paths.result_pickle.exists() or line is None:
             try:
                 ret = self.job.results()[0]
-            except UncompletedJobError:  # a traceback, killed, or failed before its task
-                last = last_line(self.job.stderr() or "")
-                said = "stopped without a result" + (f"; its stderr ends: {last}" if last else "")
+            except UncompletedJobError:  # killed, timed out, or failed outside its task
+                path, log = log_tail(self.job)
+                last = next((ln.strip() for ln in reversed(log.splitlines()) if ln.strip()), "")
+                line = said(log) or ("stopped without a result" +
+                                     (f"; its log ends: {last}" if last else ""))
             else:
                 if ret.status != JobStatus.FAILED:
                     return [ret]
                 e = ret._return_value  # return_value would raise it
-                said = f"{type(e).__name__}: {e}"
-        report_failed_job(said.removeprefix("error: "), self.label,
-                          f"log {self.job.paths.stderr}")
+                line = f"{type(e).__name__}: {e}"
+        report_failed_job(line, self.label, f"log {path}")
         return [None]
 
 
 class _ReportEachJob(plugin.BaseSubmititLauncher):
     def launch(self, job_overrides: Sequence[Sequence[str]],
                initial_job_idx: int) -> Sequence[JobReturn]:
+        from unittest import mock
+
         import submitit
 
-        # The plugin builds the executor, submits and reads the results in one method; its
-        # jobs are wrapped as they are submitted (map_array's first iterable: the overrides).
-        submit = submitit.AutoExecutor.map_array
+        # The plugin (tested with 1.2.0) builds the executor, submits and reads the results
+        # in one method; its jobs are wrapped as they are submitted (map_array's first
+        # iterable: the overrides).
+        submit, settled = submitit.AutoExecutor.map_array, []
 
         def map_array(executor, fn, *iterables):
-            return [_Settled(job, overrides)
-                    for job, overrides in zip(submit(executor, fn, *iterables), iterables[0])]
+            settled.extend(_Settled(job, overrides) for job, overrides
+                           in zip(submit(executor, fn, *iterables), iterables[0]))
+            return settled
 
-        submitit.AutoExecutor.map_array = map_array
         try:
-            returns = super().launch(job_overrides, initial_job_idx)
-        finally:
-            submitit.AutoExecutor.map_array = submit
+            with mock.patch.object(submitit.AutoExecutor, "map_array", map_array):
+                returns = super().launch(job_overrides, initial_job_idx)
+        except KeyboardInterrupt:  # one line, not the traceback of submitit's wait loop
+            ids = sorted({str(s.job.job_id).split("_")[0] for s in settled})
+            running = (f"the Slurm jobs keep running (scancel {' '.join(ids)} stops them); "
+                       if self._EXECUTOR == "slurm" and ids else "")
+            print(f"interrupted; {running}rerunning the same command skips the finished runs "
+                  f"and resumes the others from their last checkpoints", file=sys.stderr)
+            sys.exit(130)
         return [r for r in returns if r is not None]  # Hydra's sweeper re-raises failures
 
 
