@@ -14,7 +14,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from framework.checkpoint import list_checkpoints
-from framework.config import ConfigError
+from framework.config import ConfigError, first_line
 from framework.experiment import fresh_dir, read_results, run_hashes, unfinished_fresh_run
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
@@ -272,8 +272,9 @@ FAILED_JOBS: list[str] = []  # jobs of this sweep that failed (here, or reported
 
 
 def _sweep_job() -> tuple[str, bool] | None:
-    """(the job's overrides, whether it runs in the sweep's own process: the basic launcher)
-    for a job of a multirun; None for a single run."""
+    """(the job's overrides, whether it runs in the sweep's own process) for a job of a
+    multirun; None for a single run. In the sweep's process (basic launcher) a failed job
+    must not exit, which would end the sweep; a submitit job (Slurm, local) fails as itself."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
@@ -286,25 +287,17 @@ def _sweep_job() -> tuple[str, bool] | None:
     return " ".join(hc.overrides.task) or f"#{hc.job.num}", in_process
 
 
-def _in_process_sweep_job() -> str | None:
-    """The job's overrides when it runs inside a local sweep (`-m`, basic launcher), where
-    exiting would end the sweep; None otherwise (a Slurm job must fail as itself)."""
-    job = _sweep_job()
-    return job[0] if job is not None and job[1] else None
-
-
 def removable_up_to() -> Path | None:
     """Up to where run.py removes the empty parents of a run directory that stayed empty
     (mode=params, a failed start): the cwd for a single run, the sweep directory for a job
     of a local sweep (its jobs run one after another); None (the run directory only) where
     other jobs may be creating their directories beside it at the same time."""
     from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
 
-    hc = HydraConfig.get()
-    if hc.mode != RunMode.MULTIRUN:
+    job = _sweep_job()
+    if job is None:
         return Path.cwd()
-    return Path(hc.sweep.dir) if _in_process_sweep_job() is not None else None
+    return Path(HydraConfig.get().sweep.dir) if job[1] else None
 
 
 @contextmanager
@@ -322,11 +315,11 @@ def handle_errors():
     try:
         yield
     except (ConfigError, DataError, RegistryError, CheckpointError, TrainingDiverged) as e:
-        job = _in_process_sweep_job()
-        if job is None:
+        job = _sweep_job()
+        if job is None or not job[1]:
             print(f"error: {e}", file=sys.stderr)
             sys.exit(1)
-        report_failed_job(str(e), job, "the sweep goes on")
+        report_failed_job(str(e), job[0], "the sweep goes on")
     except KeyboardInterrupt:
         print("interrupted; rerunning the same command resumes from the last checkpoint, if "
               "one was written", file=sys.stderr)
@@ -339,8 +332,7 @@ def handle_errors():
         # traceback, and the job would end "completed" (exit 0). Its log keeps the traceback;
         # its launcher reports the line after it.
         traceback.print_exc()
-        said = (str(e).strip().splitlines() or [""])[0]
-        print(f"error: {type(e).__name__}: {said} (traceback above)", file=sys.stderr)
+        print(f"error: {type(e).__name__}: {first_line(e)} (traceback above)", file=sys.stderr)
         sys.exit(1)
 
 

@@ -19,6 +19,11 @@ class ConfigError(ValueError):
     """A user-facing configuration mistake; the message says what to change."""
 
 
+def first_line(e: BaseException) -> str:
+    """The first line of an exception's message ("" for none), for a one-line error."""
+    return (str(e).strip().splitlines() or [""])[0]
+
+
 def _check_type(where: str, value: Any, tp: Any) -> Any:
     origin = typing.get_origin(tp)
     if tp is Any:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from framework.checkpoint import atomic_write_bytes
-from framework.config import ConfigError
+from framework.config import ConfigError, first_line
 
 
 @dataclass(frozen=True)
@@ -60,7 +60,7 @@ class RunLogger:
                     tags=[kind] if kind else None,  # wandb refuses an empty tag
                 )
             except wandb.errors.Error as e:  # no login, no network, a bad project name
-                said = (str(e).strip() or type(e).__name__).splitlines()[0].rstrip(".")
+                said = (first_line(e) or type(e).__name__).rstrip(".")
                 hint = ("; logger.mode=offline logs locally (`wandb sync` uploads later)"
                         if cfg.mode == "online" else "")
                 raise ConfigError(f"logger.mode={cfg.mode}: wandb.init failed: {said}{hint}"

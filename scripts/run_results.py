@@ -109,6 +109,7 @@ def compose_experiments(exp_dir: Path, names: Iterable[str]) -> dict[str, dict[s
     from omegaconf import OmegaConf
 
     from framework.cli import register_resolvers
+    from framework.config import first_line
 
     todo = sorted(n for n in set(names) if (exp_dir / f"{n}.yaml").is_file())
     if not todo:
@@ -121,7 +122,7 @@ def compose_experiments(exp_dir: Path, names: Iterable[str]) -> dict[str, dict[s
                 out[name] = OmegaConf.to_container(compose("config", [f"+exp={name}"]),
                                                    resolve=True)
             except Exception as e:  # a broken exp file: its runs are listed with why
-                out[name] = str(e).strip().splitlines()[0]
+                out[name] = first_line(e)
     return out
 
 
@@ -288,13 +289,15 @@ def _wandb_api_runs(project: str) -> list[Any]:
     """The runs of a wandb project; a missing login or an unreachable project is one line."""
     import wandb
 
+    from framework.config import first_line
+
     try:
         return list(wandb.Api().runs(project))
     except (wandb.errors.UsageError, wandb.errors.AuthenticationError):
         sys.exit(f"error: --wandb {project}: not logged in to wandb; run `wandb login` or set "
                  f"WANDB_API_KEY")
     except wandb.errors.Error as e:
-        sys.exit(f"error: --wandb {project}: {str(e).strip().splitlines()[0]}")
+        sys.exit(f"error: --wandb {project}: {first_line(e)}")
 
 
 def by_experiment(runs: list[Run]) -> dict[str, list[Run]]:

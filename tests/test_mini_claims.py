@@ -152,7 +152,6 @@ def test_report_from_run_directories(tmp_path):
     assert versions[1:] == ["- 0ld0ld0ld0ld: mini_wiki_dense seed 2"]
 
 
-
 def test_an_unreadable_results_file_is_warned_about_and_labelled(tmp_path, capsys):
     root = tmp_path / "runs"
     fake_run(root, "mini_enwik_dense", 0, 2.0, [1000.0])

@@ -29,7 +29,7 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from framework.config import ConfigError
+from framework.config import ConfigError, first_line
 from framework.data import DATASETS
 from framework.data.base import DataError, TokenData, train_tokens_for
 from framework.data.cache import (
@@ -130,7 +130,7 @@ def hf_texts(name: str, repo: str, split: str = "train", data_files: str | None 
         rows = iter(ds)
         first = next(rows)
     except Exception as e:  # offline, no `datasets`, a renamed repo: one actionable line
-        reason = (str(e).strip().splitlines() or [""])[0][:200]
+        reason = first_line(e)[:200]
         cmd = prepare_command(name, local or f"/path/to/{repo.split('/')[-1]}")
         raise DataError(f"{name}: could not stream {repo} from the Hugging Face hub "
                         f"({type(e).__name__}: {reason}); prepare it with `{cmd}`") from None

@@ -38,13 +38,12 @@ def log_tail(job: Any) -> tuple[Path, str]:
         return path, ""
 
 
-def said(log: str) -> str | None:
-    """The job's last `error: ...` line without the prefix (None: it printed none). Lines
-    split at carriage returns too: a progress bar redraws its line with them; srun appends
-    its own `srun: error: ...` lines after the job's."""
-    lines = [ln.strip() for ln in log.splitlines()]
-    return next((ln.removeprefix("error: ") for ln in reversed(lines)
-                 if ln.startswith("error: ")), None)
+def said(log: str, prefix: str = "error: ") -> str | None:
+    """The job's last non-blank line starting with `prefix` (its `error: ...` line), without
+    it; None when there is none. Lines split at carriage returns too: a progress bar redraws
+    its line with them; srun appends its own `srun: error: ...` lines after the job's."""
+    lines = (ln.strip() for ln in reversed(log.splitlines()))
+    return next((ln.removeprefix(prefix) for ln in lines if ln and ln.startswith(prefix)), None)
 
 
 class _Settled:
@@ -58,6 +57,7 @@ class _Settled:
         from submitit.core.utils import UncompletedJobError
 
         from framework.cli import report_failed_job
+        from framework.config import first_line
 
         self.job.wait()
         path, log = log_tail(self.job)
@@ -71,14 +71,14 @@ class _Settled:
                 ret = self.job.results()[0]
             except UncompletedJobError:  # killed, timed out, or failed outside its task
                 path, log = log_tail(self.job)
-                last = next((ln.strip() for ln in reversed(log.splitlines()) if ln.strip()), "")
+                last = said(log, prefix="")
                 line = said(log) or ("stopped without a result" +
                                      (f"; its log ends: {last}" if last else ""))
             else:
                 if ret.status != JobStatus.FAILED:
                     return [ret]
                 e = ret._return_value  # return_value would raise it
-                line = f"{type(e).__name__}: {e}"
+                line = f"{type(e).__name__}: {first_line(e)}"
         report_failed_job(line, self.label, f"log {path}")
         return [None]
 
