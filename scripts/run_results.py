@@ -286,16 +286,14 @@ def wandb_runs(project: str, exp_dir: Path, all_overrides: bool = False
 
 
 def _wandb_api_runs(project: str) -> list[Any]:
-    """The runs of a wandb project; a missing login or an unreachable project is one line."""
+    """The runs of a wandb project; a missing login or an unreachable project is one line
+    with wandb's own reason (its AuthenticationError also stands for a network failure)."""
     import wandb
 
     from framework.config import first_line
 
     try:
         return list(wandb.Api().runs(project))
-    except (wandb.errors.UsageError, wandb.errors.AuthenticationError):
-        sys.exit(f"error: --wandb {project}: not logged in to wandb; run `wandb login` or set "
-                 f"WANDB_API_KEY")
     except wandb.errors.Error as e:
         sys.exit(f"error: --wandb {project}: {first_line(e)}")
 

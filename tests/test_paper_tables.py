@@ -261,8 +261,8 @@ def test_wandb_without_a_login_is_one_line(tmp_path, monkeypatch):
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
     with pytest.raises(SystemExit) as e:
         paper_tables.main(["--runs", str(tmp_path), "--wandb", "foo/bar"])
-    assert e.value.code == ("error: --wandb foo/bar: not logged in to wandb; run `wandb login` "
-                            "or set WANDB_API_KEY")
+    said = e.value.code  # wandb's own reason ("No API key configured. Use `wandb login` ...")
+    assert said.startswith("error: --wandb foo/bar: ") and "\n" not in said and "login" in said
 
 
 def test_results_without_a_number_for_the_metric_are_skipped_with_a_warning(tmp_path, capsys):
