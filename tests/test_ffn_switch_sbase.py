@@ -111,6 +111,17 @@ def test_switch_init_standard_deviations():
     assert moe.w1_EDG.std().item() == pytest.approx(gain / math.sqrt(96), rel=0.03)
     assert moe.w2_EGD.std().item() == pytest.approx(gain / math.sqrt(192), rel=0.03)
     assert moe.w3_ED.std().item() == pytest.approx(gain / math.sqrt(96), rel=0.05)
+    norms_E = moe.w3_ED.norm(dim=-1)
+    assert norms_E.std() / norms_E.mean() > 0.01  # plain normal rows: norms differ
+
+    # the authors' C4-B/peS2o-B sweeps: init_scale 1, sigma-MoE's equal-norm selector rows
+    moe = SwitchMoE(SwitchConfig(d_model=96, n_layers=8, n_experts=4, expert_size=192, k=1,
+                                 init_scale=1.0, selector_init="equal_norm"))
+    gain = math.sqrt(2 / 8)
+    assert moe.w2_EGD.std().item() == pytest.approx(gain / math.sqrt(192), rel=0.03)
+    norms_E = moe.w3_ED.norm(dim=-1)
+    torch.testing.assert_close(norms_E, norms_E[:1].expand(4), rtol=1e-5, atol=0)
+    assert moe.w3_ED.std().item() == pytest.approx(gain / math.sqrt(96), rel=1e-5)
 
 
 # --- S-BASE -------------------------------------------------------------------------------

@@ -53,6 +53,15 @@ class ExpertsConfig:
             raise ConfigError(f"ffn.backend={self.backend!r} is not one of {', '.join(BACKENDS)}")
 
 
+@torch.no_grad()
+def equal_norm_rows_(w_ED: torch.Tensor, std: float) -> torch.Tensor:
+    """Selector init: normal rows rescaled to equal norm (so only the angle to x decides a
+    token's initial scores), the whole matrix then scaled to `std`."""
+    w_ED.normal_()
+    w_ED.div_(w_ED.norm(dim=-1, keepdim=True))
+    return w_ED.mul_(std / w_ED.std())
+
+
 class ExpertsFFN(FFN):
     """Owns the expert weights and the expert computation; subclasses implement `select`."""
 
@@ -74,10 +83,7 @@ class ExpertsFFN(FFN):
         fan2 = cfg.d_ff if cfg.init == "sigma_moe" else cfg.expert_size
         self.w1_EDG.normal_(0, std1)
         self.w2_EGD.normal_(0, gain / math.sqrt(fan2))
-        # Selector rows of equal norm, so only the angle to x decides the initial score.
-        w3 = torch.randn_like(self.w3_ED)
-        w3 = w3 / w3.norm(dim=-1, keepdim=True)
-        self.w3_ED.copy_(w3 * (std1 / w3.std()))
+        equal_norm_rows_(self.w3_ED, std1)
 
     def select(self, logits_TE: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Scores -> (expert_TK int64, gate_TK); may call `self.add_loss`."""

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from framework.config import ConfigError
 from framework.distributed import global_mean
 from models.ffn import FFNS
-from models.ffn.experts import ExpertsConfig, ExpertsFFN
+from models.ffn.experts import ExpertsConfig, ExpertsFFN, equal_norm_rows_
 
 
 @dataclass(frozen=True)
@@ -31,6 +31,7 @@ class SwitchConfig(ExpertsConfig):
     balance_coef: float = 0.01  # coefficient of N_E * f . P (paper: 0.01)
     capacity_factor: float = 0.0  # mu; 0 = no capacity limit, no token dropping
     init_scale: float = 0.1  # Switch's variance scale s: std = sqrt(s * 2/L / fan_in)
+    selector_init: Literal["normal", "equal_norm"] = "normal"  # equal_norm: sigma-MoE's rows
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -74,13 +75,17 @@ class SwitchMoE(ExpertsFFN):
         """Switch init (Fedus et al.: std sqrt(s / fan_in), s = 0.1), applied as the authors'
         reimplementation does: on top of the pre-LN depth gain 2/L, plain normal (not
         truncated, like the sigma-MoE experts), W2's fan-in G (`init: standard`) or N_E * G
-        (`init: sigma_moe`), and a plain normal selector without equal-norm rows."""
+        (`init: sigma_moe`), and a plain normal selector (`selector_init: normal`) or
+        sigma-MoE's equal-norm rows (`equal_norm`, the authors' C4-B/peS2o-B sweeps)."""
         cfg = self.cfg
         gain = math.sqrt(cfg.init_scale * 2 / cfg.n_layers)
         fan2 = cfg.d_ff if cfg.init == "sigma_moe" else cfg.expert_size
         self.w1_EDG.normal_(0, gain / math.sqrt(cfg.d_model))
         self.w2_EGD.normal_(0, gain / math.sqrt(fan2))
-        self.w3_ED.normal_(0, gain / math.sqrt(cfg.d_model))
+        if cfg.selector_init == "equal_norm":
+            equal_norm_rows_(self.w3_ED, gain / math.sqrt(cfg.d_model))
+        else:
+            self.w3_ED.normal_(0, gain / math.sqrt(cfg.d_model))
 
     def select(self, logits_TE: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         cfg = self.cfg
