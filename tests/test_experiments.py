@@ -77,6 +77,9 @@ MOE_HYPER = {
     "c4_small": (16, 128, 4, 0.0, 0.0), "pes2o_small": (16, 128, 4, 0.0, 0.0),
     "c4_big": (32, 128, 4, 0.1, 1e-3), "pes2o_big": (32, 128, 4, 0.1, 1e-3),
 }
+# S-BASE on small C4/peS2o: the authors' gamma (their c4_sbase / pes2o_sbase sweeps); the
+# row's 0 is their sigma-MoE sweep's and would switch S-BASE's regularizer off
+SBASE_GAMMA = {"c4_small": 1e-4, "pes2o_small": 1e-4}
 DENSE_D_FF = {"wt103_small": 2053, "wt103_star": 16480, "wt103_big": 4110, "e8": 2053,
               "c4_small": 2053, "pes2o_small": 2053, "c4_big": 4110, "pes2o_big": 4110}
 PKM_SUBKEYS = {("valuecount", 412): 46, ("valuecount", 512): 46, ("valuecount", 1024): 64,
@@ -208,9 +211,11 @@ def test_experiment_composes_builds_and_is_well_formed(name):
             assert {key: getattr(ffn, key) for key in want} == want
         elif variant == "switch":
             assert ffn.hidden_dropout == (0.0 if ablation.endswith("_nodrop") else dropout)
-            assert (ffn.balance_coef, ffn.capacity_factor, ffn.init) == (0.01, 0.0, "standard")
+            assert (ffn.balance_coef, ffn.capacity_factor, ffn.init, ffn.init_scale,
+                    ffn.selector_init) == (0.01, 0.0, "standard", 0.1, "normal")
         else:  # S-BASE: regularizer and expert dropout as the row's sigma-MoE (docs/REFERENCE.md)
-            assert (ffn.expert_dropout, ffn.reg_gamma, ffn.sinkhorn_iters) == (delta, gamma, 3)
+            assert (ffn.expert_dropout, ffn.reg_gamma, ffn.sinkhorn_iters) == (
+                delta, SBASE_GAMMA.get(setting, gamma), 3)
 
     if paper["params_m"] is not None:
         target = paper["params_m"]
