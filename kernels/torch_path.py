@@ -89,6 +89,9 @@ def _run(work, C: int) -> None:
     next_chunk = itertools.count().__next__  # atomic under the GIL
 
     def loop():
+        # A new thread sets up its OpenMP threads at its first parallel op, from the count
+        # of the process, which the caller may have restored by then: set up first.
+        torch.get_num_threads()
         torch.set_num_threads(threads)
         try:
             with torch.no_grad():  # grad mode is per thread: keep the workers' ops untracked

@@ -101,6 +101,32 @@ def test_torch_path_more_chunks_than_threads(monkeypatch):
     assert_close(compare((y, grads), reference_case(case)), torch.float32)
 
 
+@pytest.mark.skipif(torch.get_num_threads() < 2 or not kernels.torch_path._OPENMP,
+                    reason="the workers' thread counts matter with OpenMP and 2+ threads")
+def test_torch_path_fresh_worker_thread_runs_single_threaded(monkeypatch):
+    """A new pool thread sets up its OpenMP threads lazily, at its first parallel op, from
+    the process-wide count: once the caller has put that back (its own loop is done), the
+    worker's ops would run on every thread, and its sums could differ in the last bits from
+    a later call (a resumed run's first step). Forced here: the helper's chunk starts late."""
+    import threading
+    import time
+
+    monkeypatch.setattr(kernels.torch_path, "_POOL", None)  # a fresh helper thread
+    monkeypatch.setattr(kernels.torch_path, "_workers", lambda: 2)
+    seen, helper_started = {}, threading.Event()
+
+    def work(c):
+        if threading.current_thread() is threading.main_thread():
+            helper_started.wait(10)  # the helper takes the other chunk
+        else:
+            helper_started.set()
+            time.sleep(0.3)  # the caller's loop has ended and restored its thread count
+            seen["helper"] = torch.get_num_threads()
+
+    kernels.torch_path._run(work, 2)
+    assert seen == {"helper": 1}
+
+
 def test_torch_path_workers_add_into_their_own_rows_only(monkeypatch):
     """Concurrent index_add_ into one tensor gave wrong fp16 sums with torch 2.4 (measured:
     4 of 60 runs): each worker adds into a view of its own chunk, ceil(T / C) rows at most."""
