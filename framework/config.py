@@ -19,6 +19,12 @@ class ConfigError(ValueError):
     """A user-facing configuration mistake; the message says what to change."""
 
 
+def check_probability(key: str, p: float) -> None:
+    """A dropout probability: 0 <= p < 1 (p = 1 would divide by 1 - p or drop everything)."""
+    if not 0 <= p < 1:
+        raise ConfigError(f"{key}={p} must be in [0, 1) (a dropout probability)")
+
+
 def first_line(e: BaseException) -> str:
     """The first line of an exception's message ("" for none), for a one-line error."""
     return (str(e).strip().splitlines() or [""])[0]

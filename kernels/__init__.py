@@ -12,7 +12,8 @@ Importable with torch alone (Triton optional, no GPU needed): no Hydra here.
     grouped_mm      torch._grouped_mm (kernels/grouped_mm.py)
     torch           fast plain-PyTorch path, the CPU default (kernels/torch_path.py)
     reference       the per-expert loop everything is tested against (kernels/reference.py)
-An unknown backend, or one that cannot run on the given inputs, is a ValueError.
+An unknown backend, one that cannot run on the given inputs, or inputs of the wrong shape
+are a ValueError; an expert id outside [0, E) fails an asynchronous assert (RuntimeError).
 """
 from __future__ import annotations
 
@@ -75,10 +76,36 @@ def resolve_backend(backend: str, x_TD: torch.Tensor, w1_EDG: torch.Tensor,
 
 
 def _compute_dtype(x_TD: torch.Tensor) -> torch.dtype:
-    # under autocast the custom ops would see mixed dtypes: compute in the autocast dtype
-    if torch.is_autocast_enabled(x_TD.device.type):
+    # under autocast the custom ops would see mixed dtypes: compute in the autocast dtype,
+    # except for float64, which autocast leaves alone
+    if torch.is_autocast_enabled(x_TD.device.type) and x_TD.dtype != torch.float64:
         return torch.get_autocast_dtype(x_TD.device.type)
     return x_TD.dtype
+
+
+def check_inputs(x_TD, expert_TK, gate_TK, w1_EDG, w2_EGD, hidden_dropout) -> None:
+    """ValueError for inputs no backend computes correctly (some would return garbage)."""
+    E, D, G = w1_EDG.shape if w1_EDG.dim() == 3 else (None,) * 3
+    problem = (
+        "x_TD must be [T, D]" if x_TD.dim() != 2 else
+        "w1_EDG must be [E, D, G] with x_TD's D" if D != x_TD.shape[1] else
+        "w2_EGD must be [E, G, D], the shape of w1_EDG transposed"
+        if tuple(w2_EGD.shape) != (E, G, D) else
+        "expert_TK must be an integer [T, K] with K >= 1"
+        if (expert_TK.dim() != 2 or expert_TK.shape[0] != x_TD.shape[0] or
+            expert_TK.shape[1] < 1 or expert_TK.is_floating_point()) else
+        "gate_TK must have expert_TK's shape" if gate_TK.shape != expert_TK.shape else
+        f"hidden_dropout={hidden_dropout} must be in [0, 1)" if not 0 <= hidden_dropout < 1
+        else None)
+    if problem:
+        shapes = ", ".join(f"{n}{list(t.shape)}" for n, t in zip(
+            ("x_TD", "expert_TK", "gate_TK", "w1_EDG", "w2_EGD"),
+            (x_TD, expert_TK, gate_TK, w1_EDG, w2_EGD)))
+        raise ValueError(f"moe_mlp: {problem} (got {shapes})")
+    # an id outside [0, E) would be dropped by some backends and read out of bounds by
+    # others; asynchronous on a GPU (no sync), traceable by torch.compile
+    torch._assert_async(((expert_TK >= 0) & (expert_TK < E)).all(),
+                        f"moe_mlp: expert ids must be in [0, {E}) (the E of w1_EDG)")
 
 
 def moe_mlp(x_TD, expert_TK, gate_TK, w1_EDG, w2_EGD, hidden_dropout=0.0, training=False,
@@ -87,13 +114,15 @@ def moe_mlp(x_TD, expert_TK, gate_TK, w1_EDG, w2_EGD, hidden_dropout=0.0, traini
 
     x_TD [T, D], expert_TK int [T, K], gate_TK [T, K], w1_EDG [E, D, G], w2_EGD [E, G, D].
     """
+    check_inputs(x_TD, expert_TK, gate_TK, w1_EDG, w2_EGD, hidden_dropout)
     dropout = bool(training) and hidden_dropout > 0
-    name = resolve_backend(backend, x_TD, w1_EDG, dropout)
+    dtype = _compute_dtype(x_TD)  # the dtype the backend computes in decides which can
+    args = [t.to(dtype) for t in (x_TD, gate_TK, w1_EDG, w2_EGD)]
+    name = resolve_backend(backend, args[0], args[2], dropout)
     if name == "reference":
         return moe_mlp_reference(x_TD, expert_TK, gate_TK, w1_EDG, w2_EGD, hidden_dropout,
                                  training)
-    dtype = _compute_dtype(x_TD)
-    x_TD, gate_TK, w1_EDG, w2_EGD = (t.to(dtype) for t in (x_TD, gate_TK, w1_EDG, w2_EGD))
+    x_TD, gate_TK, w1_EDG, w2_EGD = args
     # the torch path gives each worker thread a token chunk of its own (kernels/routing.py)
     chunks = cpu_chunks() if name == "torch" and not x_TD.is_cuda else 1
     routing = make_routing(expert_TK, w1_EDG.shape[0], chunks)
@@ -109,6 +138,7 @@ def moe_mlp(x_TD, expert_TK, gate_TK, w1_EDG, w2_EGD, hidden_dropout=0.0, traini
 
 
 __all__ = [
-    "BACKENDS", "HAS_TRITON", "Routing", "backend_problem", "make_routing", "moe_mlp",
+    "BACKENDS", "HAS_TRITON", "Routing", "backend_problem", "check_inputs", "make_routing",
+    "moe_mlp",
     "moe_mlp_reference", "resolve_backend",
 ]

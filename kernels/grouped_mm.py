@@ -26,9 +26,13 @@ def grouped_mm_problem(x_TD: torch.Tensor, w1_EDG: torch.Tensor) -> str | None:
             return f"dtype {x_TD.dtype} on CUDA (torch._grouped_mm needs bfloat16 there)"
         if torch.cuda.get_device_capability(x_TD.device) < (9, 0):
             return "a CUDA device older than sm90 (torch._grouped_mm needs Hopper or newer)"
-        D, G = w1_EDG.shape[1:]
-        if D % 8 or G % 8:
-            return f"d_model={D}, G={G}: both must be multiples of 8 (16-byte rows)"
+    elif torch.compiler.is_compiling() and x_TD.dtype != torch.bfloat16:
+        return f"dtype {x_TD.dtype} under torch.compile (its fake kernel takes bfloat16 only)"
+    D, G = w1_EDG.shape[1:]
+    multiple = 16 // x_TD.element_size()
+    if D % multiple or G % multiple:
+        return (f"d_model={D}, G={G}: both must be multiples of {multiple} for {x_TD.dtype} "
+                f"(16-byte rows)")
     return None
 
 
@@ -42,4 +46,4 @@ def moe_mlp_grouped_mm(x_TD, gate_TK, w1_EDG, w2_EGD, routing, p=0.0, training=F
     h_RG = F.dropout(h_RG, p, training)
     gate_R = gate_TK.reshape(-1)[routing.order_R]
     out_RD = torch._grouped_mm(h_RG * gate_R[:, None], w2_EGD, offs=offs_E)
-    return out_RD[routing.inverse_R()].view(T, K, -1).sum(1)
+    return out_RD[routing.inverse_R()].view(T, K, w2_EGD.shape[2]).sum(1)

@@ -15,7 +15,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from framework.config import ConfigError
+from framework.config import ConfigError, check_probability
 from models.attention import AttentionConfig, RelativeAttention
 from models.ffn import FFN, FFNS
 
@@ -40,6 +40,7 @@ class TransformerXLConfig:
             FFNS.get(self.ffn_kind)  # raises with the known names
         if self.mem_len < 0 or self.eval_mem_len < 0:
             raise ConfigError("model.mem_len and model.eval_mem_len must be >= 0")
+        check_probability("model.dropout", self.dropout)
 
 
 class Block(nn.Module):

@@ -49,6 +49,18 @@ def test_k_larger_than_n_experts_is_refused():
         build_model_config(cfg, 201)
 
 
+@pytest.mark.parametrize("exp,override", [
+    ("mini_moe", "model.dropout=1.0"), ("mini_moe", "ffn.hidden_dropout=1"),
+    ("mini_moe", "ffn.expert_dropout=-0.1"), ("mini_dense", "ffn.dropout=1.5"),
+    ("mini_enwik_sbase", "ffn.expert_dropout=1")])
+def test_dropout_outside_0_1_is_refused(exp, override):
+    """p = 1 divided by zero in the torch path's hidden dropout (or gave NaN)."""
+    cfg = compose_cfg([override], exp)
+    key, value = override.split("=")
+    with pytest.raises(ConfigError, match=rf"^{key}={float(value)} must be in \[0, 1\)"):
+        build_model_config(cfg, 201)
+
+
 def test_every_default_group_composes_and_validates():
     for exp in ("mini_moe", "mini_dense"):
         model_cfg = build_model_config(compose_cfg([], exp), 201)

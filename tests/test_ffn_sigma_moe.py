@@ -156,3 +156,17 @@ def test_k_above_n_experts_is_one_line_config_error():
     assert "\n" not in str(e.value)
     with pytest.raises(ConfigError, match="expert_dropout"):
         SigmaMoEConfig(d_model=D, n_layers=L, n_experts=E, expert_size=G, k=K, expert_dropout=1.0)
+
+
+@pytest.mark.parametrize("backend", ["reference", "torch"])
+def test_an_empty_batch_trains(backend):
+    """No tokens (e.g. a rank's empty shard) in training: math.log(0) in the regularizer
+    stopped it before."""
+    moe = make(backend=backend, expert_dropout=0.5, reg_gamma=0.1).train()
+    x_BTD = torch.randn(0, 5, D, requires_grad=True)
+    y_BTD = moe(x_BTD)
+    assert y_BTD.shape == (0, 5, D)
+    loss = moe.pop_loss()
+    assert loss.item() == 0.0
+    (y_BTD.sum() + loss).backward()
+    assert all(p.grad is None or torch.isfinite(p.grad).all() for p in moe.parameters())

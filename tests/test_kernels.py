@@ -198,6 +198,46 @@ def test_dispatch():
             kernels.resolve_backend("triton", x, w1, dropout=True)
 
 
+def test_inputs_no_backend_handles_are_refused():
+    """Some backends returned garbage for these (an out-of-range id: uninitialised rows on
+    Triton, a wrong sum on grouped_mm), others failed deep inside with unclear messages."""
+    case = random_case(T=6, D=8, E=4, G=8, K=2)
+    x, e, g, w1, w2 = (case[k] for k in ("x_TD", "expert_TK", "gate_TK", "w1_EDG", "w2_EGD"))
+    bad = {"x_TD must be": dict(x=x[None]), "w1_EDG must be": dict(w1=w1[:, :4]),
+           "w2_EGD must be": dict(w2=w2[:3]), "expert_TK must be": dict(e=e[:, :0], g=g[:, :0]),
+           "gate_TK must have": dict(g=g[:, :1]),
+           r"hidden_dropout=1.0 must be in \[0, 1\)": dict(p=1.0)}
+    for message, change in bad.items():
+        a = {"x": x, "e": e, "g": g, "w1": w1, "w2": w2, "p": 0.0, **change}
+        with pytest.raises(ValueError, match=f"^moe_mlp: {message}"):
+            moe_mlp(a["x"], a["e"], a["g"], a["w1"], a["w2"], a["p"], backend="torch")
+    for wrong in (4, -1):
+        ids = e.clone()
+        ids[2, 1] = wrong
+        with pytest.raises(RuntimeError, match=r"expert ids must be in \[0, 4\)"):
+            moe_mlp(x, ids, g, w1, w2, backend="torch")
+
+
+@pytest.mark.skipif(NO_GROUPED_MM is not None, reason=str(NO_GROUPED_MM))
+def test_grouped_mm_alignment_and_empty_batch():
+    x, w1 = torch.zeros(3, 12), torch.zeros(2, 12, 6)  # fp32 rows need multiples of 4
+    with pytest.raises(ValueError, match="d_model=12, G=6: both must be multiples of 4"):
+        kernels.resolve_backend("grouped_mm", x, w1)
+    with pytest.raises(ValueError, match="multiples of 8 for torch.float16"):
+        kernels.resolve_backend("grouped_mm", x.half(), w1[..., :4].half())
+    case = random_case(T=0, D=8, E=3, G=8, K=2)
+    y, grads = run_case(case, "grouped_mm")
+    assert y.shape == (0, 8) and grads[2].abs().sum() == 0
+
+
+def test_float64_under_autocast_stays_float64():
+    case = random_case(T=7, D=8, E=3, G=8, K=2, dtype=torch.float64)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y, _ = run_case(case, "torch")
+    assert y.dtype == torch.float64  # as autocast leaves a float64 matmul alone
+    assert_close(compare(run_case(case, "torch"), reference_case(case)), torch.float32)
+
+
 def test_triton_backend_refused_on_cpu_without_interpreter(monkeypatch):
     monkeypatch.setattr(kernels, "TRITON_INTERPRET", False)
     monkeypatch.setattr(kernels, "HAS_TRITON", True)

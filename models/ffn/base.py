@@ -104,7 +104,7 @@ def entropy_regularizer(logits_TE: torch.Tensor) -> torch.Tensor:
     (docs/REFERENCE.md). Averaged over all data-parallel workers' tokens.
     """
     logp_TE = F.log_softmax(logits_TE.float(), dim=-1)
-    logp_E = torch.logsumexp(logp_TE, dim=0) - math.log(logits_TE.shape[0])
+    logp_E = torch.logsumexp(logp_TE, dim=0) - math.log(max(1, logits_TE.shape[0]))
     p_E = global_mean(logp_E.exp())
     return (p_E * p_E.clamp_min(1e-30).log()).sum()
 

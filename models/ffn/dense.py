@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from framework.config import ConfigError
+from framework.config import ConfigError, check_probability
 from models.ffn import FFNS
 from models.ffn.base import FFN, trunc_normal_
 
@@ -25,6 +25,7 @@ class DenseConfig:
     def __post_init__(self) -> None:
         if self.d_ff <= 0:
             raise ConfigError(f"ffn.d_ff must be positive, got {self.d_ff}")
+        check_probability("ffn.dropout", self.dropout)
 
 
 @FFNS.register("dense")

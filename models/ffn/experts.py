@@ -16,7 +16,7 @@ from typing import Literal
 import torch
 import torch.nn as nn
 
-from framework.config import ConfigError
+from framework.config import ConfigError, check_probability
 from kernels import BACKENDS, moe_mlp
 from models.ffn.base import FFN
 
@@ -47,6 +47,7 @@ class ExpertsConfig:
                 f"ffn.k={self.k} must be between 1 and ffn.n_experts={self.n_experts}: "
                 f"lower ffn.k or raise ffn.n_experts"
             )
+        check_probability("ffn.hidden_dropout", self.hidden_dropout)
         if self.expert_size <= 0:
             raise ConfigError(f"ffn.expert_size must be positive, got {self.expert_size}")
         if self.backend not in BACKENDS:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from framework.config import ConfigError
+from framework.config import ConfigError, check_probability
 from models.ffn import FFNS
 from models.ffn.base import entropy_regularizer
 from models.ffn.experts import ExpertsConfig, ExpertsFFN
@@ -41,8 +41,7 @@ class SBaseConfig(ExpertsConfig):
                 f"ffn.sinkhorn_iters must be >= 1, got {self.sinkhorn_iters} "
                 f"(for unbalanced sigmoid top-K use kind: sigma_moe)"
             )
-        if not 0 <= self.expert_dropout < 1:
-            raise ConfigError(f"ffn.expert_dropout must be in [0, 1), got {self.expert_dropout}")
+        check_probability("ffn.expert_dropout", self.expert_dropout)
 
 
 @torch.no_grad()

@@ -15,7 +15,7 @@ from typing import Literal
 
 import torch
 
-from framework.config import ConfigError
+from framework.config import check_probability
 from models.ffn import FFNS
 from models.ffn.base import entropy_regularizer
 from models.ffn.experts import ExpertsConfig, ExpertsFFN
@@ -29,8 +29,7 @@ class SigmaMoEConfig(ExpertsConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if not 0 <= self.expert_dropout < 1:
-            raise ConfigError(f"ffn.expert_dropout must be in [0, 1), got {self.expert_dropout}")
+        check_probability("ffn.expert_dropout", self.expert_dropout)
 
 
 def expert_dropout_mask(logits_TE: torch.Tensor, p: float, training: bool) -> torch.Tensor | None:
