@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from framework.config import ConfigError, from_dict
-from framework.data import DATASETS, StreamBatcher, TokenData
+from framework.data import DATASETS, DataError, StreamBatcher, TokenData
 from framework.distributed import all_gather_cat
 from models.ffn import FFNS
 from models.transformer_xl import Memory, TransformerXL, TransformerXLConfig
@@ -86,6 +86,22 @@ def load_data(cfg: dict[str, Any]) -> TokenData:
     kind = data_cfg.pop("kind")
     cls = DATASETS.get(kind)
     return cls.load(from_dict(cls.Config, data_cfg, "dataset"))
+
+
+def check_split_sizes(data: TokenData, cfg: LMTaskConfig) -> None:
+    """Every stream of every split holds one whole segment (context + 1 tokens), checked
+    before anything is written (tasks/lm_run.py): a shorter train split trains on short
+    wrapped segments, and a short valid or test split failed only at its first evaluation,
+    after steps were trained."""
+    for split, streams, key in (("train", cfg.batch_size, "task.batch_size"),
+                                ("valid", cfg.eval_batch_size, "task.eval_batch_size"),
+                                ("test", cfg.eval_batch_size, "task.eval_batch_size")):
+        n = len(data.split(split))
+        if n < streams * (cfg.context + 1):
+            raise DataError(
+                f"dataset {data.name!r}: its {split} split has {n} tokens, fewer than "
+                f"{key}={streams} streams x (task.context={cfg.context} + 1): use a larger "
+                f"{split} split, or lower {key} or task.context")
 
 
 class LMTask:

@@ -40,7 +40,14 @@ from models.ffn.experts import ExpertsConfig
 from models.flops import ffn_flops, relative_ffn_flops
 from models.transformer_xl import TransformerXL, n_params
 from tasks import TASKS
-from tasks.lm import LMTask, LMTaskConfig, build_model_config, check_batch_split, load_data
+from tasks.lm import (
+    LMTask,
+    LMTaskConfig,
+    build_model_config,
+    check_batch_split,
+    check_split_sizes,
+    load_data,
+)
 
 
 def reset_peak_rss() -> None:
@@ -86,6 +93,7 @@ def run(cfg: dict[str, Any], run_dir: Path) -> dict[str, Any] | None:
     dist_info = init_distributed(device.type)
     check_batch_split(task_cfg.batch_size, dist_info.world_size, trainer_cfg.grad_accum)
     data = load_data(cfg)
+    check_split_sizes(data, task_cfg)
     model_cfg = build_model_config(cfg, data.vocab_size)
     check_backend(model_cfg, device, resolve_precision(trainer_cfg.precision, device))
     if device.type == "cuda" and dist_info.enabled:  # init_distributed made it current

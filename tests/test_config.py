@@ -114,6 +114,13 @@ def test_a_failed_start_leaves_no_directories(tmp_path):
                   SIGMA_MOE_CACHE=str(tmp_path / "cache"))
     assert out.returncode == 1 and "prepare_data.py enwik8" in out.stderr, out.stderr
     assert not (tmp_path / "runs").exists()
+    # a train split shorter than one segment per stream (it trained on wrapped scraps)
+    out = run_cli("+exp=mini_enwik_dense", "dataset.fractions=[0.00005,0.5,0.49995]",
+                  cwd=tmp_path)
+    assert out.returncode == 1 and out.stderr.strip().startswith(
+        "error: dataset 'enwik_mini': its train split has 304 tokens, fewer than "
+        "task.batch_size=16 streams"), out.stderr
+    assert not (tmp_path / "runs").exists()
 
 
 def test_cli_params_mode_prints_count(tmp_path):

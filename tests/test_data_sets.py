@@ -312,3 +312,13 @@ def test_prepare_data_script(tmp_path, capsys, monkeypatch):
     assert "\n" not in err and "python scripts/prepare_data.py enwik8 --source" in err
     assert prepare_data.main(["c4", "train_tokens=-1", "--cache-dir", str(tmp_path)]) == 1
     assert "dataset.train_tokens" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("kind", ["enwik_mini", "wikitext_mini"])
+@pytest.mark.parametrize("fractions", [[0.9, 0.1], [0.5, 0.6, -0.1], [0.9, 0.1, 0.0]])
+def test_embedded_corpus_fractions_are_checked(kind, fractions):
+    """enwik_mini took any fractions and failed at the first evaluation of an empty split."""
+    from framework.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"^dataset.fractions=.*give 3 positive numbers"):
+        from_dict(DATASETS.get(kind).Config, {"fractions": fractions}, "dataset")

@@ -135,7 +135,7 @@ def test_evaluation_is_the_token_weighted_loss_of_one_pass_over_each_stream():
     model = make("sigma_moe", mem_len=8)
     model.cfg = model.cfg.__class__(**{**model.cfg.__dict__, "eval_mem_len": 64})
     tokens = np.random.default_rng(0).integers(0, V, 2 * 35)  # 2 streams: 34 targets each
-    data = TokenData("toy", {"train": tokens, "valid": tokens}, V, "ppl")
+    data = TokenData("toy", {"train": tokens, "valid": tokens, "test": tokens}, V, "ppl")
     task = LMTask(LMTaskConfig(batch_size=2, context=8), data, model, torch.device("cpu"))
     got = task.evaluate("valid", batch_size=2, mem_segments=8)
     streams = torch.from_numpy(tokens).view(2, 35)
@@ -145,3 +145,24 @@ def test_evaluation_is_the_token_weighted_loss_of_one_pass_over_each_stream():
         want = F.cross_entropy(logits.flatten(0, 1), streams[:, 1:].flatten())
     assert got["tokens"] == 68 and got["loss"] == pytest.approx(want.item(), rel=1e-5)
     assert got["ppl"] == pytest.approx(math.exp(want.item()), rel=1e-5)
+
+
+def test_splits_shorter_than_one_segment_per_stream_are_refused_before_training():
+    """A short train split trained on short wrapped segments without a word; a short valid
+    or test split failed only at its evaluation, after the steps were trained."""
+    import numpy as np
+
+    from framework.data.base import DataError, TokenData
+    from tasks.lm import LMTaskConfig, check_split_sizes
+
+    cfg = LMTaskConfig(batch_size=4, context=8, eval_batch_size=2)
+    ok = np.zeros(4 * 9, dtype=np.int64)
+    check_split_sizes(TokenData("toy", {"train": ok, "valid": ok, "test": ok}, V, "ppl"), cfg)
+    for split, n, key in (("train", 4 * 9 - 1, "task.batch_size=4"),
+                          ("test", 2 * 9 - 1, "task.eval_batch_size=2")):
+        splits = {"train": ok, "valid": ok, "test": ok, split: np.zeros(n, dtype=np.int64)}
+        with pytest.raises(DataError, match=rf"^dataset 'toy': its {split} split has {n} tokens, "
+                                            rf"fewer than {key} streams x \(task.context=8 \+ 1\)"):
+            check_split_sizes(TokenData("toy", splits, V, "ppl"), cfg)
+    with pytest.raises(DataError, match="has no split 'valid'"):
+        check_split_sizes(TokenData("toy", {"train": ok, "test": ok}, V, "ppl"), cfg)

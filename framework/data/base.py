@@ -14,6 +14,8 @@ from typing import Literal
 import numpy as np
 import torch
 
+from framework.config import ConfigError
+
 
 class DataError(RuntimeError):
     """Missing/corrupt dataset; the message says what was looked for and how to fix it."""
@@ -39,6 +41,13 @@ def bytes_to_ids(data: bytes) -> tuple[np.ndarray, int]:
     lut = np.zeros(256, dtype=np.uint8)
     lut[present] = np.arange(len(present), dtype=np.uint8)
     return lut[raw], len(present)
+
+
+def check_fractions(fractions: tuple[float, ...]) -> None:
+    """dataset.fractions: the train / valid / test shares of an embedded corpus."""
+    if len(fractions) != 3 or abs(sum(fractions) - 1) > 1e-6 or min(fractions) <= 0:
+        raise ConfigError(f"dataset.fractions={list(fractions)}: give 3 positive numbers "
+                          f"summing to 1")
 
 
 def split_contiguous(ids: np.ndarray, fractions: tuple[float, float, float]

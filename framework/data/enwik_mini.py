@@ -11,7 +11,13 @@ import importlib.resources
 from dataclasses import dataclass
 
 from framework.data import DATASETS
-from framework.data.base import DataError, TokenData, bytes_to_ids, split_contiguous
+from framework.data.base import (
+    DataError,
+    TokenData,
+    bytes_to_ids,
+    check_fractions,
+    split_contiguous,
+)
 
 WIKI_XML = "enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2"
 
@@ -30,6 +36,9 @@ def embedded_wiki_xml() -> bytes:
 @dataclass(frozen=True)
 class EnwikMiniConfig:
     fractions: tuple[float, ...] = (0.9, 0.05, 0.05)  # decompressing per run takes < 1 s
+
+    def __post_init__(self) -> None:
+        check_fractions(self.fractions)
 
 
 @DATASETS.register("enwik_mini")

@@ -28,7 +28,7 @@ import numpy as np
 
 from framework.config import ConfigError
 from framework.data import DATASETS
-from framework.data.base import TokenData
+from framework.data.base import TokenData, check_fractions
 from framework.data.cache import Entry, prepare, resolve_cache_dir
 from framework.data.enwik_mini import WIKI_XML, embedded_wiki_xml
 from framework.data.subword import (
@@ -56,10 +56,7 @@ class WikitextMiniConfig:
 
     def __post_init__(self) -> None:
         check_vocab_size(self.vocab_size)
-        if len(self.fractions) != 3 or abs(sum(self.fractions) - 1) > 1e-6 or min(
-                self.fractions) <= 0:
-            raise ConfigError(f"dataset.fractions={list(self.fractions)}: give 3 positive "
-                              f"numbers summing to 1")
+        check_fractions(self.fractions)
         if self.num_proc < 0:
             raise ConfigError("dataset.num_proc must be >= 0 (0 = all cores)")
 
