@@ -35,7 +35,9 @@ def parse_override(text: str) -> tuple[str, object]:
     return key, yaml.safe_load(value) if value else ""
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse(argv: list[str] | None = None) -> tuple[str, type, object]:
+    """(dataset name, its class, its validated Config) from the command line: the yaml's
+    fields, then the key=value overrides, then the options. ConfigError when invalid."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog=__doc__.split("\n\n", 1)[1])
@@ -46,9 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cache-dir", help="cache root (default $SIGMA_MOE_CACHE or "
                    "~/.cache/sigma_moe); the run must use the same")
     p.add_argument("--num-proc", type=int, help="encoding processes (default: all cores)")
-    args = p.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-
+    args = p.parse_intermixed_args(argv)  # key=value after an option too
     fields = yaml.safe_load((ROOT / "configs" / "dataset" / f"{args.name}.yaml").read_text())
     fields.pop("kind", None)
     fields.update(parse_override(o) for o in args.overrides)
@@ -57,8 +57,13 @@ def main(argv: list[str] | None = None) -> int:
         if value is not None:
             fields[key] = value
     cls = DATASETS.get(args.name)
+    return args.name, cls, from_dict(cls.Config, fields, "dataset")
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
-        cfg = from_dict(cls.Config, fields, "dataset")
+        name, cls, cfg = parse(argv)
         t0 = time.time()
         data = cls.load(cfg)
     except (ConfigError, ValueError, DataError) as e:
@@ -66,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     where = f" in {cls.entry(cfg).path}" if hasattr(cls, "entry") else ""
     sizes = ", ".join(f"{s} {len(a):,}" for s, a in data.splits.items())
-    print(f"{args.name}: {sizes} tokens, vocab {data.vocab_size}, metric {data.metric}"
+    print(f"{name}: {sizes} tokens, vocab {data.vocab_size}, metric {data.metric}"
           f"{where} ({time.time() - t0:.1f} s)")
     return 0
 

@@ -4,6 +4,7 @@ line/document handling, the training-token limit, the embedded `wikitext_mini` c
 shaped like the originals; nothing is downloaded."""
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import json
 import random
@@ -19,6 +20,7 @@ import sentencepiece as spm
 
 from framework.config import from_dict
 from framework.data import DATASETS, DataError, enwik8, hf_stream, subword
+from framework.data import cache as subword_cache
 from framework.data.base import bytes_to_ids
 from framework.data.enwik8 import Enwik8, Enwik8Config, split_sizes
 from framework.data.hf_stream import C4, C4Config, Pes2o, Pes2oConfig
@@ -312,6 +314,29 @@ def test_prepare_data_script(tmp_path, capsys, monkeypatch):
     assert "\n" not in err and "python scripts/prepare_data.py enwik8 --source" in err
     assert prepare_data.main(["c4", "train_tokens=-1", "--cache-dir", str(tmp_path)]) == 1
     assert "dataset.train_tokens" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name,cfg", [
+    ("c4", C4Config(train_tokens=5000, text_field="the text", cache_dir="/tmp/a cache")),
+    ("wt103", Wt103Config(vocab_size=1000, split_digits=False)),
+    ("pes2o", Pes2oConfig(valid_docs=7, train_files="a/*.gz")), ("enwik8", Enwik8Config())])
+def test_the_suggested_prepare_command_builds_what_the_run_looks_for(name, cfg):
+    """It named only the dataset: a run with dataset.vocab_size=1000 was told a command that
+    built vocab 8000, and a cache_dir with a space broke the shell line."""
+    import shlex
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import prepare_data
+    finally:
+        sys.path.pop(0)
+    words = shlex.split(subword_cache.prepare_command(name, "/data/my copy", cfg))
+    assert words[:3] == ["python", "scripts/prepare_data.py", name]
+    _, _, parsed = prepare_data.parse(words[2:])
+    assert parsed == dataclasses.replace(cfg, source="/data/my copy")
+    # key=value after an option is an override too (argparse refused it)
+    _, _, parsed = prepare_data.parse(["c4", "--source", "/x", "valid_docs=3"])
+    assert (parsed.source, parsed.valid_docs) == ("/x", 3)
 
 
 @pytest.mark.parametrize("kind", ["enwik_mini", "wikitext_mini"])

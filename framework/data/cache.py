@@ -18,11 +18,13 @@ The source hash lets a run that names no source (`source: ""`) reuse whatever
 """
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import hashlib
 import json
 import logging
 import os
+import shlex
 import shutil
 import time
 import uuid
@@ -198,15 +200,28 @@ class Source:
     handle: Any
 
 
-def prepare_command(name: str, source_hint: str, cache_dir: str = "") -> str:
-    extra = f" --cache-dir {cache_dir}" if cache_dir else ""
-    return f"python scripts/prepare_data.py {name} --source {source_hint}{extra}"
+def prepare_command(name: str, source_hint: str, cfg: Any = None) -> str:
+    """The prepare_data.py command that builds what a run with dataset config `cfg` looks
+    for: its fields that differ from the defaults (which configs/dataset/NAME.yaml states)
+    as key=value, and its cache directory; quoted for a shell."""
+    words = ["python", "scripts/prepare_data.py", name]
+    if cfg is not None:
+        default = type(cfg)()
+        words += [f"{f.name}={json.dumps(value)}"  # JSON is YAML: prepare_data.py reads it
+                  for f in dataclasses.fields(cfg)
+                  if f.name not in ("source", "cache_dir", "num_proc")
+                  and (value := getattr(cfg, f.name)) != getattr(default, f.name)]
+    words += ["--source", source_hint]
+    if cfg is not None and cfg.cache_dir:
+        words += ["--cache-dir", cfg.cache_dir]
+    return shlex.join(words)
 
 
 def load_or_prepare(name: str, cfg: Any, settings: dict[str, Any], what: str,
                     locate: Callable[[Path], Source | None],
                     build: Callable[[Source, Path, Entry | None], dict[str, Any]],
-                    default_names: tuple[str, ...], online: Callable[[], Source] | None = None,
+                    default_names: tuple[str, ...],
+                    online: Callable[[str], Source] | None = None,
                     accept: Callable[[Entry], bool] = lambda e: True,
                     complete: Callable[[Entry], bool] | None = None) -> Entry:
     """The common path of the downloaded datasets.
@@ -215,12 +230,12 @@ def load_or_prepare(name: str, cfg: Any, settings: dict[str, Any], what: str,
     `source: ""`: a `complete` entry prepared earlier with these settings (from any source),
     else a copy at `<cache_dir>/raw/<default name>`, else an `accept`ed entry (one whose
     source ran dry: `accept` holds for its own source only, and a grown copy must be
-    re-read), else `online()` (a Hugging Face stream, for the datasets that have one);
-    failing all, a one-line DataError with the prepare command.
+    re-read), else `online(the prepare command)` (a Hugging Face stream, for the datasets
+    that have one); failing all, a one-line DataError with the prepare command.
     """
     cache = resolve_cache_dir(cfg.cache_dir)
     root = cache / name
-    hint = prepare_command(name, f"/path/to/{default_names[0]}", cfg.cache_dir)
+    hint = prepare_command(name, f"/path/to/{default_names[0]}", cfg)
     if cfg.source:
         path = Path(cfg.source).expanduser()
         src = locate(path) if path.exists() else None
@@ -238,7 +253,7 @@ def load_or_prepare(name: str, cfg: Any, settings: dict[str, Any], what: str,
             log.info("%s: using %s (prepared from %s)", name, entry.path, entry.manifest["source"])
             return entry
         if src is None and online is not None:
-            src = online()
+            src = online(hint)
         if src is None:
             raise DataError(
                 f"{name}: no prepared cache under {root} and no {what} at "

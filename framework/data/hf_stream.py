@@ -37,7 +37,6 @@ from framework.data.cache import (
     Source,
     files_fingerprint,
     load_or_prepare,
-    prepare_command,
 )
 from framework.data.subword import SpmSettings, build_subword, check_vocab_size, resolve_num_proc
 
@@ -110,12 +109,11 @@ def hub_problem(endpoint: str) -> str | None:
     return None
 
 
-def hf_texts(name: str, repo: str, split: str = "train", data_files: str | None = None,
-             config: str | None = None, field: str = "text",
-             local: str = "") -> Iterator[str]:
+def hf_texts(name: str, repo: str, prepare: str, split: str = "train",
+             data_files: str | None = None, config: str | None = None,
+             field: str = "text") -> Iterator[str]:
     """Streams `field` of a hub dataset: its `data_files` glob read as json, or `config`.
-    `local`: what the error's prepare command names as the local copy (default: a clone of
-    the repo)."""
+    `prepare`: the prepare_data.py command an error suggests instead."""
     try:
         from datasets import load_dataset
         from huggingface_hub import constants
@@ -131,9 +129,9 @@ def hf_texts(name: str, repo: str, split: str = "train", data_files: str | None 
         first = next(rows)
     except Exception as e:  # offline, no `datasets`, a renamed repo: one actionable line
         reason = first_line(e)[:200]
-        cmd = prepare_command(name, local or f"/path/to/{repo.split('/')[-1]}")
         raise DataError(f"{name}: could not stream {repo} from the Hugging Face hub "
-                        f"({type(e).__name__}: {reason}); prepare it with `{cmd}`") from None
+                        f"({type(e).__name__}: {reason}); prepare it with `{prepare}`"
+                        ) from None
     for row in itertools.chain([first], rows):
         yield row[field]
 
@@ -177,9 +175,10 @@ class HfStream:
                           {"train": lambda: local_texts(train, cfg.text_field),
                            "valid": lambda: local_texts(valid, cfg.text_field)})
 
-        def online() -> Source:
+        def online(prepare: str) -> Source:
             return Source({"hf": cfg.hf_repo}, {
-                s: (lambda f=f: hf_texts(name, cfg.hf_repo, data_files=f, field=cfg.text_field))
+                s: (lambda f=f: hf_texts(name, cfg.hf_repo, prepare, data_files=f,
+                                         field=cfg.text_field))
                 for s, f in (("train", cfg.train_files), ("valid", cfg.valid_files))})
 
         def build(src: Source, out: Path, previous: Entry | None) -> dict:

@@ -77,15 +77,15 @@ def locate(path: Path) -> Source | None:
     return None
 
 
-def online() -> Source:
+def online(prepare: str) -> Source:
     from framework.data.hf_stream import hf_texts
 
     hf_split = {"valid": "validation"}
 
     def lines(split: str) -> Iterator[str]:
         # the hub repo holds parquet files; a local copy is the v1 release (locate above)
-        return hf_texts("wt103", HF_REPO, split=hf_split.get(split, split), config=HF_CONFIG,
-                        local="/path/to/wikitext-103")
+        return hf_texts("wt103", HF_REPO, prepare, split=hf_split.get(split, split),
+                        config=HF_CONFIG)
 
     return Source({"hf": f"{HF_REPO}/{HF_CONFIG}"}, lines)
 
