@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import difflib
+import errno
 import hashlib
 import re
 import shutil
@@ -300,6 +301,14 @@ def removable_up_to() -> Path | None:
     return Path(HydraConfig.get().sweep.dir) if job[1] else None
 
 
+# a read-only or full disk, a quota, a permission: the fix is outside the code
+ENVIRONMENT_ERRNOS = {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT}
+
+
+def is_environment_error(e: BaseException) -> bool:
+    return isinstance(e, OSError) and e.errno in ENVIRONMENT_ERRNOS
+
+
 @contextmanager
 def handle_errors():
     """Turn the errors a user can fix into one line on stderr and exit code 1 (run.py removes
@@ -314,18 +323,19 @@ def handle_errors():
 
     try:
         yield
-    except (ConfigError, DataError, RegistryError, CheckpointError, TrainingDiverged) as e:
-        job = _sweep_job()
-        if job is None or not job[1]:
-            print(f"error: {e}", file=sys.stderr)
-            sys.exit(1)
-        report_failed_job(str(e), job[0], "the sweep goes on")
     except KeyboardInterrupt:
         print("interrupted; rerunning the same command resumes from the last checkpoint, if "
               "one was written", file=sys.stderr)
         sys.exit(130)
     except Exception as e:
         job = _sweep_job()
+        if isinstance(e, (ConfigError, DataError, RegistryError, CheckpointError,
+                          TrainingDiverged)) or is_environment_error(e):
+            if job is None or not job[1]:
+                print(f"error: {e}", file=sys.stderr)
+                sys.exit(1)
+            report_failed_job(str(e), job[0], "the sweep goes on")
+            return
         if job is None or job[1]:
             raise
         # A submitit job: Hydra would hand the exception to the launching process without its

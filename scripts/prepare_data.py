@@ -24,6 +24,7 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from framework.cli import is_environment_error  # noqa: E402
 from framework.config import ConfigError, from_dict  # noqa: E402
 from framework.data import DATASETS, DataError  # noqa: E402
 
@@ -66,7 +67,9 @@ def main(argv: list[str] | None = None) -> int:
         name, cls, cfg = parse(argv)
         t0 = time.time()
         data = cls.load(cfg)
-    except (ConfigError, ValueError, DataError) as e:
+    except (ConfigError, ValueError, DataError, OSError) as e:
+        if isinstance(e, OSError) and not is_environment_error(e):
+            raise
         print(f"error: {e}", file=sys.stderr)
         return 1
     where = f" in {cls.entry(cfg).path}" if hasattr(cls, "entry") else ""

@@ -151,3 +151,22 @@ def test_override_check_two_bad_keys_and_options_left_to_hydra(capsys):
     for extra in (["--config-name", "config"], ["-sc", "install=bash"],
                   ["hydra.searchpath=[file:///elsewhere]"]):
         prepare_argv(["run.py", *extra, "mode=params"])  # where configs come from: Hydra's
+
+
+def test_a_full_or_read_only_disk_is_one_line(monkeypatch, capsys):
+    """An OSError the user fixes outside the code (a read-only or full disk, a quota, a
+    permission) is one line; any other OSError keeps its traceback (it may be a bug)."""
+    import errno
+
+    from framework import cli
+
+    monkeypatch.setattr(cli, "_sweep_job", lambda: None)
+    with pytest.raises(SystemExit) as e:
+        with cli.handle_errors():
+            raise OSError(errno.ENOSPC, "No space left on device", "/scratch/cache/wt103")
+    assert e.value.code == 1
+    assert capsys.readouterr().err == (
+        "error: [Errno 28] No space left on device: '/scratch/cache/wt103'\n")
+    with pytest.raises(FileNotFoundError):
+        with cli.handle_errors():
+            raise FileNotFoundError(errno.ENOENT, "No such file or directory", "/x")

@@ -347,3 +347,27 @@ def test_embedded_corpus_fractions_are_checked(kind, fractions):
 
     with pytest.raises(ConfigError, match=r"^dataset.fractions=.*give 3 positive numbers"):
         from_dict(DATASETS.get(kind).Config, {"fractions": fractions}, "dataset")
+
+
+def test_a_damaged_source_file_is_one_line_naming_it(tmp_path, c4_dir):
+    """A byte that is not UTF-8, a truncated .gz, a line that is not JSON, a missing text
+    field: tracebacks (through run.py) or lines without the file name before."""
+    src = tmp_path / "wt"
+    src.mkdir()
+    for split, f in FILES.items():
+        (src / f).write_bytes(b"= a =\n good line\n" + (b"caf\xe9\n" if split == "valid" else b""))
+    with pytest.raises(DataError, match=rf"^{src / FILES['valid']}: UnicodeDecodeError: .*"
+                                        r"is the file complete"):
+        Wt103.load(Wt103Config(source=str(src), cache_dir=str(tmp_path / "c1")))
+
+    shard = sorted(c4_dir[0].rglob("*train*.json.gz"))[0]
+    good = shard.read_bytes()
+    cases = {"EOFError": good[: len(good) // 2],  # truncated
+             "JSONDecodeError": gzip.compress(b'{"text": "ok"}\n{not json\n'),
+             "line 2 has no field 'text'": gzip.compress(b'{"text": "ok"}\n{"body": "x"}\n')}
+    for i, (said, data) in enumerate(cases.items()):
+        shard.write_bytes(data)
+        with pytest.raises(DataError, match=rf"^{shard}: .*{said}"):
+            C4.load(C4Config(source=str(c4_dir[0]), cache_dir=str(tmp_path / f"c{i + 2}"),
+                             train_tokens=1500, valid_docs=5, spm_train_docs=50, vocab_size=80,
+                             num_proc=1))

@@ -7,18 +7,36 @@ the single-process batch, which makes DDP and one process agree.
 """
 from __future__ import annotations
 
+import gzip
+import json
+import zipfile
+import zlib
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
 import numpy as np
 import torch
 
-from framework.config import ConfigError
+from framework.config import ConfigError, first_line
 
 
 class DataError(RuntimeError):
     """Missing/corrupt dataset; the message says what was looked for and how to fix it."""
+
+
+@contextmanager
+def reading(path: Path | str) -> Iterator[None]:
+    """A damaged source file (truncated archive, bytes that are not UTF-8, a line that is
+    not JSON) becomes a one-line DataError naming it, not a traceback without the file."""
+    try:
+        yield
+    except (UnicodeDecodeError, EOFError, zlib.error, zipfile.BadZipFile, gzip.BadGzipFile,
+            json.JSONDecodeError) as e:
+        raise DataError(f"{path}: {type(e).__name__}: {first_line(e)}; is the file complete "
+                        f"and in its original format? (download it again)") from None
 
 
 @dataclass

@@ -31,7 +31,7 @@ from pathlib import Path
 
 from framework.config import ConfigError, first_line
 from framework.data import DATASETS
-from framework.data.base import DataError, TokenData, train_tokens_for
+from framework.data.base import DataError, TokenData, reading, train_tokens_for
 from framework.data.cache import (
     Entry,
     Source,
@@ -139,10 +139,14 @@ def hf_texts(name: str, repo: str, prepare: str, split: str = "train",
 def local_texts(files: list[Path], field: str) -> Iterator[str]:
     for path in files:
         opener = gzip.open if path.suffix == ".gz" else open
-        with opener(path, "rt", encoding="utf-8") as f:
-            for line in f:
+        with reading(path), opener(path, "rt", encoding="utf-8") as f:
+            for i, line in enumerate(f, 1):
                 if line.strip():
-                    yield json.loads(line)[field]
+                    row = json.loads(line)
+                    if field not in row:
+                        raise DataError(f"{path}: line {i} has no field {field!r} (it has "
+                                        f"{sorted(row)}): set dataset.text_field")
+                    yield row[field]
 
 
 def _lines(docs: Iterator[str]) -> Iterator[str]:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from framework.config import ConfigError
 from framework.data import DATASETS
-from framework.data.base import TokenData
+from framework.data.base import TokenData, reading
 from framework.data.cache import Entry, Source, files_fingerprint, load_or_prepare
 from framework.data.subword import SpmSettings, build_subword, check_vocab_size, resolve_num_proc
 
@@ -55,7 +55,8 @@ def _zip_reader(path: Path) -> LineReader | None:
         return None
 
     def lines(split: str) -> Iterator[str]:
-        with zipfile.ZipFile(path) as z, z.open(members[FILES[split]]) as f:
+        with reading(f"{path} ({members[FILES[split]]})"), zipfile.ZipFile(path) as z, \
+                z.open(members[FILES[split]]) as f:
             yield from io.TextIOWrapper(f, encoding="utf-8")
 
     return lines
@@ -70,7 +71,7 @@ def locate(path: Path) -> Source | None:
         files = [d / f for f in FILES.values()]
         if all(f.is_file() for f in files):
             def lines(split: str, d: Path = d) -> Iterator[str]:
-                with open(d / FILES[split], encoding="utf-8") as f:
+                with reading(d / FILES[split]), open(d / FILES[split], encoding="utf-8") as f:
                     yield from f
 
             return Source(files_fingerprint(files), lines)
