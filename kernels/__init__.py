@@ -86,17 +86,21 @@ def _compute_dtype(x_TD: torch.Tensor) -> torch.dtype:
 def check_inputs(x_TD, expert_TK, gate_TK, w1_EDG, w2_EGD, hidden_dropout) -> None:
     """ValueError for inputs no backend computes correctly (some would return garbage)."""
     E, D, G = w1_EDG.shape if w1_EDG.dim() == 3 else (None,) * 3
-    problem = (
-        "x_TD must be [T, D]" if x_TD.dim() != 2 else
-        "w1_EDG must be [E, D, G] with x_TD's D" if D != x_TD.shape[1] else
-        "w2_EGD must be [E, G, D], the shape of w1_EDG transposed"
-        if tuple(w2_EGD.shape) != (E, G, D) else
-        "expert_TK must be an integer [T, K] with K >= 1"
-        if (expert_TK.dim() != 2 or expert_TK.shape[0] != x_TD.shape[0] or
-            expert_TK.shape[1] < 1 or expert_TK.is_floating_point()) else
-        "gate_TK must have expert_TK's shape" if gate_TK.shape != expert_TK.shape else
-        f"hidden_dropout={hidden_dropout} must be in [0, 1)" if not 0 <= hidden_dropout < 1
-        else None)
+    problem = None
+    if x_TD.dim() != 2:
+        problem = "x_TD must be [T, D]"
+    elif D != x_TD.shape[1]:
+        problem = "w1_EDG must be [E, D, G] with x_TD's D"
+    elif tuple(w2_EGD.shape) != (E, G, D):
+        problem = "w2_EGD must be [E, G, D], the shape of w1_EDG transposed"
+    elif expert_TK.dim() != 2 or expert_TK.shape[1] < 1 or expert_TK.is_floating_point():
+        problem = "expert_TK must be an integer [T, K] with K >= 1"
+    elif expert_TK.shape[0] != x_TD.shape[0]:
+        problem = "expert_TK must have x_TD's T"
+    elif gate_TK.shape != expert_TK.shape:
+        problem = "gate_TK must have expert_TK's shape"
+    elif not 0 <= hidden_dropout < 1:
+        problem = f"hidden_dropout={hidden_dropout} must be in [0, 1)"
     if problem:
         shapes = ", ".join(f"{n}{list(t.shape)}" for n, t in zip(
             ("x_TD", "expert_TK", "gate_TK", "w1_EDG", "w2_EGD"),
@@ -115,14 +119,13 @@ def moe_mlp(x_TD, expert_TK, gate_TK, w1_EDG, w2_EGD, hidden_dropout=0.0, traini
     x_TD [T, D], expert_TK int [T, K], gate_TK [T, K], w1_EDG [E, D, G], w2_EGD [E, G, D].
     """
     check_inputs(x_TD, expert_TK, gate_TK, w1_EDG, w2_EGD, hidden_dropout)
-    dropout = bool(training) and hidden_dropout > 0
-    dtype = _compute_dtype(x_TD)  # the dtype the backend computes in decides which can
-    args = [t.to(dtype) for t in (x_TD, gate_TK, w1_EDG, w2_EGD)]
-    name = resolve_backend(backend, args[0], args[2], dropout)
-    if name == "reference":
+    if backend == "reference":  # runs on anything, in the inputs' own dtypes
         return moe_mlp_reference(x_TD, expert_TK, gate_TK, w1_EDG, w2_EGD, hidden_dropout,
                                  training)
-    x_TD, gate_TK, w1_EDG, w2_EGD = args
+    dropout = bool(training) and hidden_dropout > 0
+    dtype = _compute_dtype(x_TD)  # the dtype the backend computes in decides which can
+    x_TD, gate_TK, w1_EDG, w2_EGD = (t.to(dtype) for t in (x_TD, gate_TK, w1_EDG, w2_EGD))
+    name = resolve_backend(backend, x_TD, w1_EDG, dropout)
     # the torch path gives each worker thread a token chunk of its own (kernels/routing.py)
     chunks = cpu_chunks() if name == "torch" and not x_TD.is_cuda else 1
     routing = make_routing(expert_TK, w1_EDG.shape[0], chunks)

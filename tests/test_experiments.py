@@ -213,7 +213,8 @@ def test_experiment_composes_builds_and_is_well_formed(name):
             assert ffn.hidden_dropout == (0.0 if ablation.endswith("_nodrop") else dropout)
             assert (ffn.balance_coef, ffn.capacity_factor, ffn.init, ffn.init_scale,
                     ffn.selector_init) == (0.01, 0.0, "standard", 0.1, "normal")
-        else:  # S-BASE: regularizer and expert dropout as the row's sigma-MoE (docs/REFERENCE.md)
+        else:  # S-BASE: regularizer and expert dropout as the row's sigma-MoE (docs/REFERENCE.md;
+            # gamma: SBASE_GAMMA's exception, configs/exp/README.md)
             assert (ffn.expert_dropout, ffn.reg_gamma, ffn.sinkhorn_iters) == (
                 delta, SBASE_GAMMA.get(setting, gamma), 3)
 

@@ -113,6 +113,7 @@ def test_torch_path_fresh_worker_thread_runs_single_threaded(monkeypatch):
 
     monkeypatch.setattr(kernels.torch_path, "_POOL", None)  # a fresh helper thread
     monkeypatch.setattr(kernels.torch_path, "_workers", lambda: 2)
+    share = max(1, torch.get_num_threads() // 2)  # each of the 2 workers' threads
     seen, helper_started = {}, threading.Event()
 
     def work(c):
@@ -123,8 +124,11 @@ def test_torch_path_fresh_worker_thread_runs_single_threaded(monkeypatch):
             time.sleep(0.3)  # the caller's loop has ended and restored its thread count
             seen["helper"] = torch.get_num_threads()
 
-    kernels.torch_path._run(work, 2)
-    assert seen == {"helper": 1}
+    try:
+        kernels.torch_path._run(work, 2)
+    finally:
+        kernels.torch_path._POOL.shutdown()
+    assert seen == {"helper": share}
 
 
 def test_torch_path_workers_add_into_their_own_rows_only(monkeypatch):
@@ -205,6 +209,7 @@ def test_inputs_no_backend_handles_are_refused():
     x, e, g, w1, w2 = (case[k] for k in ("x_TD", "expert_TK", "gate_TK", "w1_EDG", "w2_EGD"))
     bad = {"x_TD must be": dict(x=x[None]), "w1_EDG must be": dict(w1=w1[:, :4]),
            "w2_EGD must be": dict(w2=w2[:3]), "expert_TK must be": dict(e=e[:, :0], g=g[:, :0]),
+           "expert_TK must have x_TD's T": dict(e=e[:5], g=g[:5]),
            "gate_TK must have": dict(g=g[:, :1]),
            r"hidden_dropout=1.0 must be in \[0, 1\)": dict(p=1.0)}
     for message, change in bad.items():
