@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import difflib
-import errno
 import hashlib
 import re
 import shutil
@@ -15,7 +14,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from framework.checkpoint import list_checkpoints
-from framework.config import ConfigError, first_line
+from framework.config import ConfigError, first_line, is_environment_error
 from framework.experiment import fresh_dir, read_results, run_hashes, unfinished_fresh_run
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
@@ -299,14 +298,6 @@ def removable_up_to() -> Path | None:
     if job is None:
         return Path.cwd()
     return Path(HydraConfig.get().sweep.dir) if job[1] else None
-
-
-# a read-only or full disk, a quota, a permission: the fix is outside the code
-ENVIRONMENT_ERRNOS = {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT}
-
-
-def is_environment_error(e: BaseException) -> bool:
-    return isinstance(e, OSError) and e.errno in ENVIRONMENT_ERRNOS
 
 
 @contextmanager

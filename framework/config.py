@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import errno
 import types
 import typing
 from collections.abc import Mapping
@@ -23,6 +24,15 @@ def check_probability(key: str, p: float) -> None:
     """A dropout probability: 0 <= p < 1 (p = 1 would divide by 1 - p or drop everything)."""
     if not 0 <= p < 1:
         raise ConfigError(f"{key}={p} must be in [0, 1) (a dropout probability)")
+
+
+# a read-only or full disk, a quota, a permission: the fix is outside the code
+ENVIRONMENT_ERRNOS = {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT}
+
+
+def is_environment_error(e: BaseException) -> bool:
+    """An OSError a user fixes outside the code: one line, not a traceback."""
+    return isinstance(e, OSError) and e.errno in ENVIRONMENT_ERRNOS
 
 
 def first_line(e: BaseException) -> str:

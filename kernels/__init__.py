@@ -142,6 +142,5 @@ def moe_mlp(x_TD, expert_TK, gate_TK, w1_EDG, w2_EGD, hidden_dropout=0.0, traini
 
 __all__ = [
     "BACKENDS", "HAS_TRITON", "Routing", "backend_problem", "check_inputs", "make_routing",
-    "moe_mlp",
-    "moe_mlp_reference", "resolve_backend",
+    "moe_mlp", "moe_mlp_reference", "resolve_backend",
 ]

@@ -24,8 +24,7 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from framework.cli import is_environment_error  # noqa: E402
-from framework.config import ConfigError, from_dict  # noqa: E402
+from framework.config import ConfigError, from_dict, is_environment_error  # noqa: E402
 from framework.data import DATASETS, DataError  # noqa: E402
 
 

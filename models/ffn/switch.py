@@ -79,13 +79,14 @@ class SwitchMoE(ExpertsFFN):
         sigma-MoE's equal-norm rows (`equal_norm`, the authors' C4-B/peS2o-B sweeps)."""
         cfg = self.cfg
         gain = math.sqrt(cfg.init_scale * 2 / cfg.n_layers)
+        std1 = gain / math.sqrt(cfg.d_model)
         fan2 = cfg.d_ff if cfg.init == "sigma_moe" else cfg.expert_size
-        self.w1_EDG.normal_(0, gain / math.sqrt(cfg.d_model))
+        self.w1_EDG.normal_(0, std1)
         self.w2_EGD.normal_(0, gain / math.sqrt(fan2))
         if cfg.selector_init == "equal_norm":
-            equal_norm_rows_(self.w3_ED, gain / math.sqrt(cfg.d_model))
+            equal_norm_rows_(self.w3_ED, std1)
         else:
-            self.w3_ED.normal_(0, gain / math.sqrt(cfg.d_model))
+            self.w3_ED.normal_(0, std1)
 
     def select(self, logits_TE: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         cfg = self.cfg
