@@ -4,6 +4,7 @@
     python scripts/prepare_data.py enwik8 --source /data/enwik8.zip --cache-dir /scratch/cache
     python scripts/prepare_data.py c4 train_tokens=1638400064          # streams from the hub
     python scripts/prepare_data.py c4 --source /data/c4-copy           # local shards
+    python scripts/prepare_data.py wt103 --verify      # re-read the cache against its sha256
 
 The settings come from configs/dataset/NAME.yaml plus `key=value` overrides, which must
 match what the run will use (an experiment's `dataset.*` overrides), because the cache is
@@ -17,6 +18,7 @@ import argparse
 import logging
 import sys
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 import yaml
@@ -26,6 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 from framework.config import ConfigError, from_dict, is_environment_error  # noqa: E402
 from framework.data import DATASETS, DataError  # noqa: E402
+from framework.data.cache import prepared_only  # noqa: E402
 
 
 def parse_override(text: str) -> tuple[str, object]:
@@ -35,9 +38,9 @@ def parse_override(text: str) -> tuple[str, object]:
     return key, yaml.safe_load(value) if value else ""
 
 
-def parse(argv: list[str] | None = None) -> tuple[str, type, object]:
-    """(dataset name, its class, its validated Config) from the command line: the yaml's
-    fields, then the key=value overrides, then the options. ConfigError when invalid."""
+def parse(argv: list[str] | None = None) -> tuple[str, type, object, bool]:
+    """(dataset name, its class, its validated Config, --verify) from the command line: the
+    yaml's fields, then the key=value overrides, then the options. ConfigError when invalid."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog=__doc__.split("\n\n", 1)[1])
@@ -48,6 +51,8 @@ def parse(argv: list[str] | None = None) -> tuple[str, type, object]:
     p.add_argument("--cache-dir", help="cache root (default $SIGMA_MOE_CACHE or "
                    "~/.cache/sigma_moe); the run must use the same")
     p.add_argument("--num-proc", type=int, help="encoding processes (default: all cores)")
+    p.add_argument("--verify", action="store_true",
+                   help="re-read the prepared files against their sha256 (exit 1 if damaged)")
     args = p.parse_intermixed_args(argv)  # key=value after an option too
     fields = yaml.safe_load((ROOT / "configs" / "dataset" / f"{args.name}.yaml").read_text())
     fields.pop("kind", None)
@@ -57,24 +62,37 @@ def parse(argv: list[str] | None = None) -> tuple[str, type, object]:
         if value is not None:
             fields[key] = value
     cls = DATASETS.get(args.name)
-    return args.name, cls, from_dict(cls.Config, fields, "dataset")
+    return args.name, cls, from_dict(cls.Config, fields, "dataset"), args.verify
 
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
-        name, cls, cfg = parse(argv)
+        name, cls, cfg, verify = parse(argv)
+        if verify and not hasattr(cls, "entry"):
+            raise DataError(f"{name} is not cached (embedded, built at every load): "
+                            f"nothing to verify")
         t0 = time.time()
-        data = cls.load(cfg)
+        with prepared_only() if verify else nullcontext():  # --verify builds nothing
+            data = cls.load(cfg)
+            entry = cls.entry(cfg) if hasattr(cls, "entry") else None
+        problems = entry.verify() if verify else []
     except (ConfigError, ValueError, DataError, OSError) as e:
         if isinstance(e, OSError) and not is_environment_error(e):
             raise
         print(f"error: {e}", file=sys.stderr)
         return 1
-    where = f" in {cls.entry(cfg).path}" if hasattr(cls, "entry") else ""
+    where = f" in {entry.path}" if entry is not None else ""
     sizes = ", ".join(f"{s} {len(a):,}" for s, a in data.splits.items())
     print(f"{name}: {sizes} tokens, vocab {data.vocab_size}, metric {data.metric}"
           f"{where} ({time.time() - t0:.1f} s)")
+    for problem in problems:
+        print(f"error: {entry.path}: {problem}", file=sys.stderr)
+    if problems:
+        print(f"delete {entry.path} and prepare again", file=sys.stderr)
+        return 1
+    if verify:
+        print(f"verified: every file matches its sha256 ({len(entry.checksums())} files)")
     return 0
 
 

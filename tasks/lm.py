@@ -19,6 +19,7 @@ from tqdm import tqdm
 
 from framework.config import ConfigError, from_dict
 from framework.data import DATASETS, DataError, StreamBatcher, TokenData
+from framework.data.base import train_tokens_for
 from framework.distributed import all_gather_cat
 from models.ffn import FFNS
 from models.transformer_xl import Memory, TransformerXL, TransformerXLConfig
@@ -102,6 +103,29 @@ def check_split_sizes(data: TokenData, cfg: LMTaskConfig) -> None:
                 f"dataset {data.name!r}: its {split} split has {n} tokens, fewer than "
                 f"{key}={streams} streams x (task.context={cfg.context} + 1): use a larger "
                 f"{split} split, or lower {key} or task.context")
+
+
+def describe_data(data: TokenData, cfg: LMTaskConfig, steps: int
+                  ) -> tuple[dict[str, Any], str | None]:
+    """(what results.json records of the data, a warning or None).
+
+    The record: the dataset, tokens per split, how many passes over the train split
+    `steps` training steps make (StreamBatcher wraps at the end of its streams), and where
+    the tokens came from (`TokenData.origin`: the cache entry, its source and sha256s). The
+    warning: a corpus the paper reads once (C4, peS2o) that this run would read again,
+    e.g. after `trainer.steps` was raised without the matching training tokens.
+    """
+    n_train = len(data.split("train"))
+    per_epoch = max(1, (n_train // cfg.batch_size - 1) // cfg.context)
+    record = {"name": data.name, "tokens": {s: len(a) for s, a in data.splits.items()},
+              "train_epochs": float(f"{steps / per_epoch:.4g}"), **data.origin}
+    warning = None
+    if data.one_pass_key and steps > per_epoch:
+        need = train_tokens_for(steps, cfg.batch_size, cfg.context)
+        warning = (f"dataset {data.name!r}: {steps} steps read its {n_train:,}-token train "
+                   f"split {steps / per_epoch:.2f} times, where the paper reads it once; "
+                   f"{data.one_pass_key}={need} trains on fresh text throughout")
+    return record, warning
 
 
 class LMTask:

@@ -46,6 +46,7 @@ from tasks.lm import (
     build_model_config,
     check_batch_split,
     check_split_sizes,
+    describe_data,
     load_data,
 )
 
@@ -94,6 +95,7 @@ def run(cfg: dict[str, Any], run_dir: Path) -> dict[str, Any] | None:
     check_batch_split(task_cfg.batch_size, dist_info.world_size, trainer_cfg.grad_accum)
     data = load_data(cfg)
     check_split_sizes(data, task_cfg)
+    data_record, data_warning = describe_data(data, task_cfg, trainer_cfg.steps)
     model_cfg = build_model_config(cfg, data.vocab_size)
     check_backend(model_cfg, device, resolve_precision(trainer_cfg.precision, device))
     if device.type == "cuda" and dist_info.enabled:  # init_distributed made it current
@@ -122,6 +124,9 @@ def run(cfg: dict[str, Any], run_dir: Path) -> dict[str, Any] | None:
         tqdm.write(f"run {run_dir} | {cfg.get('name')} | {count / 1e6:.2f}M params | "
                    f"ffn={model_cfg.ffn_kind} | seed={trainer_cfg.seed} | device={device} | "
                    f"ranks={dist_info.world_size}")
+        tqdm.write(data_line(data_record))
+        if data_warning and mode == "train":
+            tqdm.write(f"warning: {data_warning}")
     try:
         trainer = Trainer(trainer_cfg, task, run_dir, logger, device, dist_info,
                           run_hashes(cfg))
@@ -141,7 +146,8 @@ def run(cfg: dict[str, Any], run_dir: Path) -> dict[str, Any] | None:
                                    "config_hash": trainer.config_hash, "seed": trainer_cfg.seed,
                                    "train_seconds": round(trainer.train_seconds, 1),
                                    "peak_rss_mb": round(peak_rss_mb(), 1),
-                                   "code": code_version(trainer.code_fingerprints)}
+                                   "code": code_version(trainer.code_fingerprints),
+                                   "data": data_record}
         # Every rank evaluates the same streams (identical numbers); rank 0 writes them.
         for split in ("valid", "test"):
             r = task.evaluate(split, task_cfg.eval_batch_size, task_cfg.eval_mem_segments,
@@ -165,6 +171,14 @@ def run(cfg: dict[str, Any], run_dir: Path) -> dict[str, Any] | None:
         return results
     finally:
         logger.close()
+
+
+def data_line(record: dict[str, Any]) -> str:
+    """The start line about the data: split sizes, passes over train, where it came from."""
+    sizes = "/".join(f"{n:,}" for n in record["tokens"].values())
+    where = record.get("cache_entry") or "embedded"
+    return (f"data {record['name']}: {'/'.join(record['tokens'])} {sizes} tokens, "
+            f"{record['train_epochs']:g} epochs of train | {where}")
 
 
 def check_backend(model_cfg, device: torch.device, dtype: torch.dtype) -> None:

@@ -183,3 +183,54 @@ def test_a_source_failing_during_bpe_training_keeps_its_own_message(tmp_path):
         subword.train_spm(texts(), subword.SpmSettings(40, True), tmp_path / "spm.model")
     assert str(err.value).startswith("c4: cannot stream") and "SentencePiece" not in str(
         err.value)
+
+
+def test_checksums_are_recorded_checked_by_verify_and_carried_by_the_data(tmp_path):
+    """The manifest records every file's sha256 as it is written; `Entry.verify` re-reads
+    them (a byte changed in place keeps the size, which loading checks, the same) and the
+    loaded data carries them, with the entry, to results.json."""
+    import json
+
+    write_wikitext(tmp_path / "wt")
+    data = Wt103.load(cfg_for(tmp_path))
+    entry = Wt103.entry(cfg_for(tmp_path))
+    files = {f"{s}.bin" for s in FILES} | {"spm.model"}
+    sha = {name: hashlib.sha256((entry.path / name).read_bytes()).hexdigest() for name in files}
+    assert entry.checksums() == sha and entry.verify() == []
+    assert data.origin["cache_entry"] == str(entry.path)
+    assert data.origin["sha256"] == {**{s: sha[f"{s}.bin"] for s in FILES},
+                                     "spm.model": sha["spm.model"]}
+    assert data.origin["source"] == entry.manifest["source"] and data.origin["prepared"]
+    with open(entry.path / "train.bin", "r+b") as f:
+        byte = f.read(1)
+        f.seek(0)
+        f.write(bytes([byte[0] ^ 1]))
+    Wt103.load(cfg_for(tmp_path))  # same size: loads (hashing GBs at every run would not pay)
+    assert entry.verify() == ["train.bin: sha256 differs from the manifest's (damaged)"]
+    (entry.path / "valid.bin").unlink()
+    manifest = json.loads((entry.path / "manifest.json").read_text())
+    del manifest["arrays"]["test"]["sha256"]  # an entry prepared before checksums existed
+    (entry.path / "manifest.json").write_text(json.dumps(manifest))
+    problems = Wt103.entry(cfg_for(tmp_path)).verify()
+    assert problems[0].startswith("train.bin: sha256 differs") and "valid.bin: missing" in problems
+    assert "test.bin: no checksum recorded (prepared before checksums existed" in problems[-1]
+
+
+def test_a_damaged_tokenizer_is_trained_again_not_reused(tmp_path, caplog):
+    """Extending an entry (C4's train_tokens raised) reuses its SentencePiece model; a
+    damaged one (not its sha256, or not a model at all) is trained anew, with a warning,
+    instead of failing in SentencePiece or encoding with it."""
+    write_wikitext(tmp_path / "wt")
+    Wt103.load(cfg_for(tmp_path))
+    entry = Wt103.entry(cfg_for(tmp_path))
+    model_file = entry.path / "spm.model"
+    good = model_file.read_bytes()
+    assert subword.reusable_model(entry) == good and subword.reusable_model(None) is None
+    model_file.write_bytes(good[:-1] + bytes([good[-1] ^ 1]))  # same size, parses maybe
+    assert subword.reusable_model(entry) is None
+    assert "sha256 differs" in caplog.text and str(model_file) in caplog.text
+    del entry.manifest["sha256"]  # prepared before checksums: it must still parse
+    model_file.write_bytes(good[: len(good) // 2])
+    assert subword.reusable_model(entry) is None
+    model_file.unlink()
+    assert subword.reusable_model(entry) is None

@@ -308,6 +308,22 @@ def test_prepare_data_script(tmp_path, capsys, monkeypatch):
     assert prepare_data.main(["enwik8", "--source", str(tmp_path / "enwik8"),
                               "--cache-dir", str(tmp_path / "c")]) == 0
     assert "train 1,170, valid 65, test 65 tokens" in capsys.readouterr().out
+    verify = ["enwik8", "--cache-dir", str(tmp_path / "c"), "--verify"]
+    assert prepare_data.main(verify) == 0
+    assert "verified: every file matches its sha256 (3 files)" in capsys.readouterr().out
+    entry = Enwik8.entry(Enwik8Config(cache_dir=str(tmp_path / "c")))
+    (entry.path / "test.bin").write_bytes(b"\0" * 65)  # same size, other bytes
+    assert prepare_data.main(verify) == 1
+    assert capsys.readouterr().err.splitlines() == [
+        f"error: {entry.path}: test.bin: sha256 differs from the manifest's (damaged)",
+        f"delete {entry.path} and prepare again"]
+    assert prepare_data.main(["enwik_mini", "--verify"]) == 1
+    assert "nothing to verify" in capsys.readouterr().err
+    # nothing prepared: --verify builds nothing (C4 would stream from the hub)
+    assert prepare_data.main(["c4", "--cache-dir", str(tmp_path / "none"), "--verify"]) == 1
+    assert capsys.readouterr().err == (f"error: c4: nothing prepared with these settings under "
+                                       f"{tmp_path / 'none' / 'c4'}\n")
+    assert not (tmp_path / "none").exists()
     assert prepare_data.main(["enwik8", "--source", str(tmp_path / "no"),
                               "--cache-dir", str(tmp_path / "c")]) == 1
     err = capsys.readouterr().err.strip()
@@ -332,10 +348,10 @@ def test_the_suggested_prepare_command_builds_what_the_run_looks_for(name, cfg):
         sys.path.pop(0)
     words = shlex.split(subword_cache.prepare_command(name, "/data/my copy", cfg))
     assert words[:3] == ["python", "scripts/prepare_data.py", name]
-    _, _, parsed = prepare_data.parse(words[2:])
+    _, _, parsed, _ = prepare_data.parse(words[2:])
     assert parsed == dataclasses.replace(cfg, source="/data/my copy")
     # key=value after an option is an override too (argparse refused it)
-    _, _, parsed = prepare_data.parse(["c4", "--source", "/x", "valid_docs=3"])
+    _, _, parsed, _ = prepare_data.parse(["c4", "--source", "/x", "valid_docs=3"])
     assert (parsed.source, parsed.valid_docs) == ("/x", 3)
 
 

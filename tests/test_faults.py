@@ -89,7 +89,23 @@ def reference(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("ref") / "run"
     rc, out, err = cli(run_dir)
     assert rc == 0, err
-    return {**json.loads((run_dir / "results.json").read_text()), "rows": logged(run_dir)}
+    return {**json.loads((run_dir / "results.json").read_text()), "rows": logged(run_dir),
+            "out": out}
+
+
+def test_a_run_names_its_data(reference):
+    """The start line and results.json say which tokens a run read (sizes, passes, sha256)."""
+    from framework.data import DATASETS
+    from framework.data.enwik_mini import EnwikMiniConfig
+
+    data = DATASETS.get("enwik_mini").load(EnwikMiniConfig())
+    n = {s: len(a) for s, a in data.splits.items()}
+    epochs = 10 / ((n["train"] // 4 - 1) // 32)  # TINY: batch 4, context 32
+    assert reference["data"] == {"name": "enwik_mini", "tokens": n,
+                                 "train_epochs": float(f"{epochs:.4g}"), **data.origin}
+    assert set(data.origin["sha256"]) == {"train", "valid", "test"}
+    assert (f"data enwik_mini: train/valid/test {n['train']:,}/{n['valid']:,}/{n['test']:,} "
+            f"tokens, {float(f'{epochs:.4g}'):g} epochs of train | embedded\n") in reference["out"]
 
 
 def logged(run_dir: Path) -> list[dict]:

@@ -166,3 +166,29 @@ def test_splits_shorter_than_one_segment_per_stream_are_refused_before_training(
             check_split_sizes(TokenData("toy", splits, V, "ppl"), cfg)
     with pytest.raises(DataError, match="has no split 'valid'"):
         check_split_sizes(TokenData("toy", {"train": ok, "test": ok}, V, "ppl"), cfg)
+
+
+def test_a_run_records_its_data_and_is_warned_before_reading_a_one_pass_corpus_twice():
+    """results.json names the data (tokens, passes, origin); C4/peS2o, which the paper reads
+    once, warn when `trainer.steps` was raised without the training tokens to match."""
+    import numpy as np
+
+    from framework.data.base import StreamBatcher, TokenData, train_tokens_for
+    from tasks.lm import LMTaskConfig, describe_data
+
+    cfg = LMTaskConfig(batch_size=4, context=8)
+    train = np.zeros(train_tokens_for(10, 4, 8), dtype=np.int64)  # exactly 10 steps
+    assert StreamBatcher(train, 4, 8).steps_per_epoch == 10
+    origin = {"cache_entry": "/c/x", "sha256": {"train": "ab"}}
+    data = TokenData("c4", {"train": train, "valid": train[:50], "test": train[:40]}, V, "ppl",
+                     origin, one_pass_key="dataset.train_tokens")
+    record, warning = describe_data(data, cfg, 10)
+    assert warning is None and record == {"name": "c4", "train_epochs": 1.0, **origin,
+                                           "tokens": {"train": 4 * 81, "valid": 50, "test": 40}}
+    record, warning = describe_data(data, cfg, 25)
+    assert record["train_epochs"] == 2.5
+    assert warning == (f"dataset 'c4': 25 steps read its 324-token train split 2.50 times, where "
+                       f"the paper reads it once; dataset.train_tokens={4 * (25 * 8 + 1)} trains "
+                       f"on fresh text throughout")
+    repeated = TokenData("wt103", data.splits, V, "ppl")  # epochs are the norm there
+    assert describe_data(repeated, cfg, 25)[1] is None

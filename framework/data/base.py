@@ -13,9 +13,9 @@ import zipfile
 import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -45,6 +45,11 @@ class TokenData:
     splits: dict[str, np.ndarray]  # split -> 1-D array of token ids (may be a memmap)
     vocab_size: int
     metric: Literal["bpc", "ppl"]  # bits/char for byte data, perplexity for subword data
+    # where the tokens came from (cache entry, source, sha256s: Entry.origin), for results.json
+    origin: dict[str, Any] = field(default_factory=dict)
+    # for a corpus the paper reads once (C4, peS2o): the config key that sets how many
+    # training tokens there are; a run that would read them twice is warned (tasks/lm.py)
+    one_pass_key: str = ""
 
     def split(self, name: str) -> np.ndarray:
         if name not in self.splits:

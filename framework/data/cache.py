@@ -5,8 +5,9 @@ Layout, one directory per (settings, source) pair:
 
     <cache_dir>/<dataset>/<settings_hash>-<source_hash>/
         manifest.json      written last: its presence marks the entry complete
-        <split>.bin        raw token ids (dtype and length in the manifest), read as np.memmap
-        spm.model          the SentencePiece model (subword datasets)
+        <split>.bin        raw token ids (dtype, length and sha256 in the manifest), read as
+                           np.memmap
+        spm.model          the SentencePiece model (subword datasets; sha256 in the manifest)
     <cache_dir>/<dataset>/<settings_hash>-<source_hash>.lock     flock'ed while building
     <cache_dir>/<dataset>/.tmp-<settings_hash>-<source_hash>-*/  an entry being built
 
@@ -15,9 +16,14 @@ manifest is written, so a crash never leaves something that looks complete. Two 
 sweep preparing the same entry serialize on the lock: the second waits, then reuses it.
 The source hash lets a run that names no source (`source: ""`) reuse whatever
 `scripts/prepare_data.py` prepared with the same settings (`find_prepared`).
+
+Loading checks each array's size only (hashing a C4 train split reads GBs); the checksums
+are what a run records of its data (`Entry.origin`, results.json) and what
+`scripts/prepare_data.py --verify` re-reads the files against (`Entry.verify`).
 """
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import fcntl
 import hashlib
@@ -31,10 +37,12 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from tqdm import tqdm
 
 from framework.data.base import DataError
 
@@ -56,6 +64,18 @@ def digest(obj: Any) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+def file_sha256(path: Path, desc: str = "") -> str:
+    """sha256 of a file, read in 16 MB blocks (with a progress bar when `desc`)."""
+    sha = hashlib.sha256()
+    with open(path, "rb") as f, tqdm(total=path.stat().st_size, unit="B", unit_scale=True,
+                                     desc=desc, disable=None if desc else True,
+                                     leave=False) as bar:
+        while block := f.read(1 << 24):
+            sha.update(block)
+            bar.update(len(block))
+    return sha.hexdigest()
+
+
 def files_fingerprint(paths: list[Path]) -> list[list[Any]]:
     """Name, size and mtime of each source file: cheap (no reading) and changes when a file
     is replaced; a moved directory keeps it, a copy without `cp -p` does not."""
@@ -67,12 +87,14 @@ def files_fingerprint(paths: list[Path]) -> list[list[Any]]:
 
 
 class ArrayWriter:
-    """Appends 1-D token chunks to `<dir>/<name>.bin`, stopping at `limit` tokens."""
+    """Appends 1-D token chunks to `<dir>/<name>.bin`, stopping at `limit` tokens; hashes
+    the bytes as it writes them (the manifest's sha256, at no extra read)."""
 
     def __init__(self, directory: Path, name: str, dtype: type, limit: int = 0):
         self.name, self.dtype, self.limit = name, np.dtype(dtype), limit
         self.length = 0
         self._f = open(directory / f"{name}.bin", "wb")
+        self._sha = hashlib.sha256()
 
     @property
     def full(self) -> bool:
@@ -85,7 +107,9 @@ class ArrayWriter:
         info = np.iinfo(self.dtype)
         if ids.dtype != self.dtype and len(ids) and (ids.min() < info.min or ids.max() > info.max):
             raise DataError(f"token id out of {self.dtype} range in {self.name}")
-        np.asarray(ids, dtype=self.dtype).tofile(self._f)
+        block = np.ascontiguousarray(ids, dtype=self.dtype)
+        self._sha.update(block.data)
+        block.tofile(self._f)
         self.length += len(ids)
         return len(ids)
 
@@ -96,7 +120,8 @@ class ArrayWriter:
         self._f.flush()
         os.fsync(self._f.fileno())
         self._f.close()
-        return {"file": f"{self.name}.bin", "dtype": self.dtype.name, "length": self.length}
+        return {"file": f"{self.name}.bin", "dtype": self.dtype.name, "length": self.length,
+                "sha256": self._sha.hexdigest()}
 
 
 @dataclass
@@ -117,6 +142,35 @@ class Entry:
         if info["length"] == 0:
             return np.zeros(0, dtype=dtype)
         return np.memmap(file, dtype=dtype, mode="r", shape=(info["length"],))
+
+    def checksums(self) -> dict[str, str | None]:
+        """file -> the sha256 the manifest records (None: prepared before checksums)."""
+        return {**{info["file"]: info.get("sha256") for info in self.manifest["arrays"].values()},
+                **self.manifest.get("sha256", {})}
+
+    def origin(self) -> dict[str, Any]:
+        """What a run records of the data it read (results.json): this entry, its source,
+        when it was prepared, and the sha256 of each array (by name) and other file."""
+        arrays = self.manifest["arrays"]
+        return {"cache_entry": str(self.path), "source": self.manifest["source"],
+                "prepared": datetime.fromtimestamp(self.manifest["created"]).isoformat(
+                    timespec="seconds"),
+                "sha256": {**{name: info.get("sha256") for name, info in arrays.items()},
+                           **self.manifest.get("sha256", {})}}
+
+    def verify(self) -> list[str]:
+        """Re-reads every file with a recorded checksum; what is wrong (empty: intact)."""
+        problems = []
+        for name, want in self.checksums().items():
+            file = self.path / name
+            if want is None:
+                problems.append(f"{name}: no checksum recorded (prepared before checksums "
+                                f"existed; prepare it again to add them)")
+            elif not file.is_file():
+                problems.append(f"{name}: missing")
+            elif file_sha256(file, f"verify {name}") != want:
+                problems.append(f"{name}: sha256 differs from the manifest's (damaged)")
+        return problems
 
 
 def _read_entry(path: Path) -> Entry | None:
@@ -148,6 +202,20 @@ def find_prepared(root: Path, settings: dict[str, Any],
     return max(found, key=lambda e: e.manifest["created"], default=None)
 
 
+_MAY_BUILD = contextvars.ContextVar("may_build", default=True)
+
+
+@contextmanager
+def prepared_only() -> Iterator[None]:
+    """Within it, `prepare` fails (DataError) where it would build an entry: for commands
+    that look at what is prepared (`prepare_data.py --verify`), never downloading."""
+    token = _MAY_BUILD.set(False)
+    try:
+        yield
+    finally:
+        _MAY_BUILD.reset(token)
+
+
 def prepare(root: Path, settings: dict[str, Any], source: Any,
             build: Callable[[Path, Entry | None], dict[str, Any]],
             accept: Callable[[Entry], bool] = lambda e: True) -> Entry:
@@ -162,6 +230,8 @@ def prepare(root: Path, settings: dict[str, Any], source: Any,
     entry = _read_entry(final)
     if entry is not None and accept(entry):
         return entry
+    if not _MAY_BUILD.get():
+        raise DataError(f"{root.name}: nothing prepared with these settings under {root}")
     with file_lock(root / f"{key}.lock"):
         entry = _read_entry(final)  # another job may have finished it while we waited
         if entry is not None and accept(entry):

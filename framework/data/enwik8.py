@@ -102,4 +102,4 @@ class Enwik8:
     def load(cfg: Enwik8Config) -> TokenData:
         e = Enwik8.entry(cfg)
         return TokenData("enwik8", {s: e.array(s) for s in SPLITS}, e.manifest["vocab_size"],
-                         "bpc")
+                         "bpc", e.origin())

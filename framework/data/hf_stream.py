@@ -217,7 +217,11 @@ class HfStream:
                             f"train_tokens={cfg.train_tokens} requested; lower it or add shards")
         splits = {"train": train[: cfg.needed_tokens], "valid": e.array("valid"),
                   "test": e.array("test")}
-        return TokenData(cls.NAME, splits, e.manifest["vocab_size"], "ppl")
+        origin = e.origin()
+        if len(train) > cfg.needed_tokens:  # the sha256 is of all of them; the run reads a prefix
+            origin["train_tokens_stored"] = len(train)
+        return TokenData(cls.NAME, splits, e.manifest["vocab_size"], "ppl", origin,
+                         one_pass_key="dataset.train_tokens")
 
 
 @DATASETS.register("c4")

@@ -11,8 +11,10 @@ Encoding runs over `num_proc` worker processes, each fed chunks of texts.
 """
 from __future__ import annotations
 
+import hashlib
 import io
 import itertools
+import logging
 import os
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
@@ -24,11 +26,12 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from framework.config import ConfigError
+from framework.config import ConfigError, first_line
 from framework.data.base import DataError
 from framework.data.cache import ArrayWriter, Entry
 
 CHUNK_TEXTS = 2000  # texts per worker task: big enough to amortize pickling, small for memory
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -154,24 +157,46 @@ def write_split(out_dir: Path, split: str, texts: Iterable[str], model: bytes, e
     return writer.close()
 
 
+def reusable_model(previous: Entry | None) -> bytes | None:
+    """The SentencePiece model of an entry being rebuilt (e.g. extended to more training
+    tokens), unless it is missing or damaged (not its recorded sha256, or unreadable): then
+    None, and the caller trains it anew rather than encode with a broken model."""
+    import sentencepiece as spm
+
+    path = previous.path / "spm.model" if previous is not None else None
+    if path is None or not path.is_file():
+        return None
+    model = path.read_bytes()
+    want = previous.checksums().get("spm.model")
+    try:
+        if want not in (None, hashlib.sha256(model).hexdigest()):
+            raise ValueError("its sha256 differs from the manifest's")
+        spm.SentencePieceProcessor(model_proto=model)
+    except (ValueError, RuntimeError) as e:
+        log.warning("%s is damaged (%s): training the model again", path, first_line(e))
+        return None
+    return model
+
+
 def build_subword(out: Path, splits: dict[str, Callable[[], Iterable[str]]],
                   spm_texts: Callable[[], Iterable[str]], s: SpmSettings, num_proc: int,
                   eos: bool, desc: str, limits: dict[str, int] | None = None,
                   previous: Entry | None = None) -> dict[str, Any]:
     """Trains (or reuses `previous`'s) model, then encodes every split into `out`.
 
-    Returns the manifest fields: arrays, vocab_size, metric, spm settings.
+    Returns the manifest fields: arrays, vocab_size, metric, spm settings, the model's sha256.
     """
     import sentencepiece as spm
 
     model_path = out / "spm.model"
-    if previous is not None and (previous.path / "spm.model").exists():
-        model_path.write_bytes((previous.path / "spm.model").read_bytes())
+    if (model := reusable_model(previous)) is not None:
+        model_path.write_bytes(model)
     else:
         train_spm(spm_texts(), s, model_path, desc)
-    model = model_path.read_bytes()
+        model = model_path.read_bytes()
     vocab = spm.SentencePieceProcessor(model_proto=model).get_piece_size()
     arrays = {name: write_split(out, name, texts(), model, eos, num_proc,
                                 (limits or {}).get(name, 0), desc)
               for name, texts in splits.items()}
-    return {"arrays": arrays, "vocab_size": vocab, "metric": "ppl", "spm": asdict(s)}
+    return {"arrays": arrays, "vocab_size": vocab, "metric": "ppl", "spm": asdict(s),
+            "sha256": {"spm.model": hashlib.sha256(model).hexdigest()}}

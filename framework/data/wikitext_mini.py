@@ -17,7 +17,6 @@ Preparation takes ~6 s on 2 CPU cores (text extraction ~5 s, encoding ~0.9M toke
 """
 from __future__ import annotations
 
-import importlib.metadata
 import io
 import re
 import xml.etree.ElementTree as ET
@@ -30,7 +29,7 @@ from framework.config import ConfigError
 from framework.data import DATASETS
 from framework.data.base import TokenData, check_fractions
 from framework.data.cache import Entry, prepare, resolve_cache_dir
-from framework.data.enwik_mini import WIKI_XML, embedded_wiki_xml
+from framework.data.enwik_mini import embedded_source, embedded_wiki_xml
 from framework.data.subword import (
     SpmSettings,
     build_subword,
@@ -134,17 +133,11 @@ class WikitextMini:
             made["articles"] = {s: len(parts[s]) for s in SPLITS}
             return made
 
-        # the embedded file is identified by its name and the gensim release that ships it
-        try:
-            gensim = importlib.metadata.version("gensim")
-        except importlib.metadata.PackageNotFoundError:
-            gensim = "missing"  # embedded_wiki_xml() then says how to install it
-        source = {"file": WIKI_XML, "gensim": gensim}
         return prepare(resolve_cache_dir(cfg.cache_dir) / "wikitext_mini", settings(cfg),
-                       source, build)
+                       embedded_source(), build)
 
     @staticmethod
     def load(cfg: WikitextMiniConfig) -> TokenData:
         e = WikitextMini.entry(cfg)
         return TokenData("wikitext_mini", {s: e.array(s) for s in SPLITS},
-                         e.manifest["vocab_size"], "ppl")
+                         e.manifest["vocab_size"], "ppl", e.origin())

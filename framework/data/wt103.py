@@ -118,4 +118,5 @@ class Wt103:
     @staticmethod
     def load(cfg: Wt103Config) -> TokenData:
         e = Wt103.entry(cfg)
-        return TokenData("wt103", {s: e.array(s) for s in FILES}, e.manifest["vocab_size"], "ppl")
+        return TokenData("wt103", {s: e.array(s) for s in FILES}, e.manifest["vocab_size"], "ppl",
+                         e.origin())
