@@ -41,6 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from scripts.run_results import (  # noqa: E402
     by_experiment,
     code_versions,
+    data_versions,
     find_runs,
     fmt_metric,
     markdown_notes,
@@ -198,6 +199,7 @@ class Collected:
     skipped: list[str]  # runs left out, as find_runs describes them
     seeds: dict[str, list[Any]]  # experiment -> the seeds it has
     code: list[str] = field(default_factory=list)  # code versions of the counted runs
+    data: list[str] = field(default_factory=list)  # data versions, when they differ
 
 
 def collect(roots: list[Path], exp_dir: Path, all_overrides: bool = False) -> Collected:
@@ -223,7 +225,7 @@ def collect(roots: list[Path], exp_dir: Path, all_overrides: bool = False) -> Co
             out.speed[key] = {"tok_s": _mean([tokens_per_s(d) for d in dirs]),
                               "train_s": _mean([r.results.get("train_seconds") for r in found]),
                               "peak_rss_mb": _mean([r.results.get("peak_rss_mb") for r in found])}
-    out.code = code_versions(counted)
+    out.code, out.data = code_versions(counted), data_versions(counted)
     return out
 
 
@@ -248,7 +250,7 @@ def render_results(c: Collected, rows: dict[str, str]) -> str:
         lines.append(f"| {rows.get(variant, variant)} | " + " | ".join(cells) + " |")
     lines += ["", "Each cell: mean ± sample std over seeds (n seeds) · parameter count."]
     lines += markdown_notes("Missing runs:", missing_commands("mini", c.seeds), c.skipped,
-                            c.code)
+                            c.code, c.data)
     return "\n".join(lines) + "\n"
 
 

@@ -42,6 +42,7 @@ from scripts.run_results import (  # noqa: E402
     Skipped,
     by_experiment,
     code_versions,
+    data_versions,
     find_runs,
     fmt_metric,
     markdown_notes,
@@ -184,6 +185,7 @@ class Table:
     missing: list[str] = field(default_factory=list)  # commands producing missing seeds
     notes: list[str] = field(default_factory=list)  # runs not counted, and why
     code: list[str] = field(default_factory=list)  # code versions of the counted runs
+    data: list[str] = field(default_factory=list)  # data versions, when they differ
 
 
 def ordered(labels: list[str], preferred: tuple[str, ...]) -> list[str]:
@@ -240,7 +242,7 @@ def build_table(table: str, exps: dict[str, Experiment], runs: dict[str, list[Ru
     out.missing = missing_commands(table, seeds)  # each table has its sweep (make_sweeps.py)
     names = {grid[k][0].name for k in grid}
     out.notes = [str(s) for s in skipped if s.name in names]
-    out.code = code_versions(counted)
+    out.code, out.data = code_versions(counted), data_versions(counted)
     return out
 
 
@@ -321,7 +323,7 @@ def render_markdown(t: Table) -> str:
         lines.append("| " + " | ".join([label, *lead, *map(cell_text, cells)]) + " |")
     if t.name != FLOPS:
         lines += ["", LEGEND]
-    lines += markdown_notes(MISSING, t.missing, t.notes, t.code)
+    lines += markdown_notes(MISSING, t.missing, t.notes, t.code, t.data)
     return "\n".join(lines) + "\n"
 
 
@@ -342,6 +344,7 @@ def render_latex(t: Table) -> str:
     lines += [f"% missing: {cmd}" for cmd in t.missing]
     lines += [f"% not counted: {n}" for n in t.notes]
     lines += [f"% code: {c}" for c in t.code]
+    lines += [f"% data: {d}" for d in t.data]
     return "\n".join(lines) + "\n"
 
 

@@ -23,10 +23,12 @@ count when finished, read from the config/summary tasks/lm_run.py logs; wandb ha
 
 The hash says which config a run trained, not which code: `code_versions` lists, under a
 table, the versions of the code (framework/code_version.py) that trained its counted runs
-when they are not all the current one.
+when they are not all the current one; `data_versions` lists the versions of a dataset's
+tokens (the sha256s a run records) when its counted runs read more than one.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import shutil
@@ -56,6 +58,7 @@ class Run:
     results: dict[str, Any] = field(default_factory=dict)  # the results.json of a local run
     own: bool = True  # the experiment's own config (False: counted by `all_overrides`)
     code: dict[str, Any] | None = None  # which code trained it (results.json / summary `code`)
+    data: dict[str, Any] | None = None  # which tokens it read (results.json / summary `data`)
 
 
 @dataclass(frozen=True)
@@ -247,7 +250,7 @@ def find_runs(roots: list[Path], exp_dir: Path, all_overrides: bool = False
         unchecked += [path] if not res.get("config_hash") else []
         runs.append(Run(name, seed, res["metric"], res["valid"], res["test"],
                         res.get("n_params"), str(path.parent), path.stat().st_mtime, res, own,
-                        res.get("code")))
+                        res.get("code"), res.get("data")))
     if unchecked:
         print(f"warning: {len(unchecked)} counted run(s) record no config_hash, so their config "
               f"is not checked against {_shown(exp_dir)} (e.g. {unchecked[0]})", file=sys.stderr)
@@ -277,10 +280,11 @@ def wandb_runs(project: str, exp_dir: Path, all_overrides: bool = False
         for metric in ("ppl", "bpc"):
             valid, test = summary.get(f"valid_{metric}"), summary.get(f"test_{metric}")
             if valid is not None and test is not None:
-                code = summary.get("code")
+                code, data = summary.get("code"), summary.get("data")
                 out.append(Run(name, seed, metric, {metric: float(valid)},
                                {metric: float(test)}, summary.get("n_params"), source, own=own,
-                               code=dict(code) if code else None))
+                               code=dict(code) if code else None,
+                               data=dict(data) if data else None))
                 break
     return out, skipped
 
@@ -357,13 +361,54 @@ def code_versions(runs: Iterable[Run], current: str | None = None) -> list[str]:
     return lines
 
 
+# -- which tokens they read ------------------------------------------------------------------
+DATA_HEADING = ("Data versions (results.json `data`: runs of one dataset that read other tokens, "
+                "e.g. from another SentencePiece model, are not comparable: train them on one "
+                "cache):")
+
+
+def data_label(data: Any) -> str | None:
+    """The tokens a run read, as 12 hex digits of the sha256s it recorded (its splits and
+    tokenizer); None when the run did not record them."""
+    sha = data.get("sha256") if isinstance(data, dict) else None
+    if not isinstance(sha, dict) or not sha or None in sha.values():
+        return None
+    return hashlib.sha256(json.dumps(sha, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def data_versions(runs: Iterable[Run]) -> list[str]:
+    """One line per version of a dataset's tokens when the counted `runs` of that dataset
+    read more than one (else []): the most common gets a count, the others name their runs.
+    Runs from before runs recorded their data are left out (they do not name the dataset)."""
+    by_dataset: dict[str, dict[str | None, list[Run]]] = {}
+    for run in runs:
+        if isinstance(run.data, dict):
+            by_dataset.setdefault(str(run.data.get("name")), {}).setdefault(
+                data_label(run.data), []).append(run)
+    lines = []
+    for dataset, groups in sorted(by_dataset.items()):
+        if len(set(groups) - {None}) < 2:
+            continue
+        for i, (label, members) in enumerate(sorted(groups.items(),
+                                                     key=lambda kv: -len(kv[1]))):
+            entry = members[0].data.get("cache_entry")
+            head = (f"{dataset} {label}" + (f" ({entry})" if entry else "") if label else
+                    f"{dataset}, sha256 not recorded")
+            n = len(members)
+            lines.append(f"{head}: " + (f"{n} run{'s' if n > 1 else ''}" if i == 0
+                                        else _named(members)))
+    return lines
+
+
 def markdown_notes(missing_heading: str, missing: list[str], not_counted: list[str],
-                   code: list[str]) -> list[str]:
+                   code: list[str], data: list[str] = ()) -> list[str]:
     """The lists under a Markdown table: the commands of its missing runs, the runs not
-    counted (why), the code versions of the counted ones; each only when it has lines."""
+    counted (why), the code and data versions of the counted ones; each only when it has
+    lines."""
     lines = []
     for heading, items in ((missing_heading, [f"`{cmd}`" for cmd in missing]),
-                           ("Not counted:", not_counted), (CODE_HEADING, code)):
+                           ("Not counted:", not_counted), (CODE_HEADING, code),
+                           (DATA_HEADING, data)):
         if items:
             lines += ["", heading, *[f"- {item}" for item in items]]
     return lines

@@ -165,7 +165,7 @@ def run(cfg: dict[str, Any], run_dir: Path) -> dict[str, Any] | None:
         if mode == "train":  # the summary marks a finished run (scripts/paper_tables.py)
             logger.summary({**{f"{s}_{data.metric}": results[s][data.metric]
                                for s in ("valid", "test")}, "n_params": count,
-                            "code": results["code"]})
+                            "code": results["code"], "data": data_record})
         print(f"final valid {data.metric} {results['valid'][data.metric]:.4f} | "
               f"test {data.metric} {results['test'][data.metric]:.4f} | results: {out}")
         return results

@@ -151,6 +151,38 @@ def test_runs_of_other_code_are_named(tiny, tmp_path):
     assert "% code: 0ld0ld0ld0ld (git 1234567): tiny_dense seed 2" in latex
 
 
+def test_runs_that_read_other_tokens_are_named(tiny, tmp_path):
+    """Perplexities of runs that read other tokens (another SentencePiece model, another
+    cache) are not comparable: the table lists the data versions when they differ."""
+    root, _ = tiny
+    runs = tmp_path / "runs"
+    shutil.copytree(root / "runs", runs)  # 2 runs that record no data (not listed)
+    args = ["--exp-dir", str(root / "exp"), "--runs", str(runs), "--table", "dense"]
+
+    def data(train_sha, entry):
+        return {"name": "wt103", "tokens": {}, "cache_entry": entry,
+                "sha256": {"train": train_sha, "valid": "v", "test": "t", "spm.model": "m"}}
+
+    # seed 5: a cache prepared before checksums existed
+    for seed, sha, entry in ((2, "a", "/c/one"), (3, "a", "/c/one"), (4, "b", "/c/two"),
+                             (5, None, "/c/old")):
+        fake_run(runs / "tiny_dense" / f"trainer.seed={seed}", root / "exp", seed, 3.2,
+                 data=data(sha, entry))
+    label = lambda sha: run_results.data_label(data(sha, ""))
+    assert len(label("a")) == 12 and label("a") != label("b") and label(None) is None
+    text = paper_tables.main(args)
+    lines = text.split(run_results.DATA_HEADING + "\n")[1].splitlines()
+    assert lines == [f"- wt103 {label('a')} (/c/one): 2 runs",
+                     f"- wt103 {label('b')} (/c/two): tiny_dense seed 4",
+                     "- wt103, sha256 not recorded: tiny_dense seed 5"]
+    assert (f"% data: wt103 {label('b')} (/c/two): tiny_dense seed 4"
+            in paper_tables.main([*args, "--format", "latex"]))
+    for seed in (4, 5):
+        shutil.rmtree(runs / "tiny_dense" / f"trainer.seed={seed}")
+    # one version: nothing to say
+    assert run_results.DATA_HEADING not in paper_tables.main(args)
+
+
 def test_which_runs_count(tiny, tmp_path, capsys):
     """Newest of a seed counts; other overrides only with --all-overrides and never over a
     run of the experiment's own config; a run of another config (stale, or made in a
