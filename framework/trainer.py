@@ -64,7 +64,7 @@ class TrainerConfig:
     keep_checkpoints: int = 2
     log_every: int = 50
     nan_policy: Literal["stop", "skip"] = "stop"
-    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    device: str = "auto"  # auto (CUDA if any, else CPU) | cpu | cuda | cuda:N | mps
     progress: bool = True
     # Slurm's warning before a time limit / preemption: checkpoint, then let the signal act
     # (default: exit; under submitit: requeue). The rerun resumes.
@@ -87,11 +87,28 @@ def seed_everything(seed: int) -> None:
 
 
 def resolve_device(name: str) -> torch.device:
+    """trainer.device: `auto` is CUDA when there is one, else the CPU. A device this machine
+    lacks is a ConfigError here: the first `.to(device)` would fail with a traceback, after
+    the run directory was written."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise ConfigError(f"trainer.device={name} but no CUDA device is available; use cpu")
-    return torch.device(name)
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ConfigError(f"trainer.device={name} is not a device: use auto, cpu, cuda, "
+                          f"cuda:N or mps") from None
+    # each backend's own check (torch.cuda, torch.xpu, ...; MPS keeps it under backends)
+    module = torch.backends.mps if device.type == "mps" else getattr(torch, device.type, None)
+    available = getattr(module, "is_available", None)
+    if available is None or not available():
+        raise ConfigError(f"trainer.device={name} but no {device.type.upper()} device is "
+                          f"available; use cpu")
+    count = getattr(module, "device_count", lambda: 1)()
+    if device.index is not None and device.index >= count:
+        raise ConfigError(f"trainer.device={name} but this machine has {count} "
+                          f"{device.type.upper()} device(s): use {device.type}:0 .. "
+                          f"{device.type}:{count - 1}")
+    return device
 
 
 def resolve_precision(precision: str, device: torch.device) -> torch.dtype:

@@ -126,8 +126,9 @@ def moe_mlp(x_TD, expert_TK, gate_TK, w1_EDG, w2_EGD, hidden_dropout=0.0, traini
     dtype = _compute_dtype(x_TD)  # the dtype the backend computes in decides which can
     x_TD, gate_TK, w1_EDG, w2_EGD = (t.to(dtype) for t in (x_TD, gate_TK, w1_EDG, w2_EGD))
     name = resolve_backend(backend, x_TD, w1_EDG, dropout)
-    # the torch path gives each worker thread a token chunk of its own (kernels/routing.py)
-    chunks = cpu_chunks() if name == "torch" and not x_TD.is_cuda else 1
+    # the torch path gives each CPU worker thread a token chunk of its own
+    # (kernels/routing.py); on an accelerator (CUDA, MPS) it runs one stream of ops
+    chunks = cpu_chunks() if name == "torch" and x_TD.device.type == "cpu" else 1
     routing = make_routing(expert_TK, w1_EDG.shape[0], chunks)
     p = hidden_dropout if dropout else 0.0
     if name == "triton":

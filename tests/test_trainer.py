@@ -202,3 +202,25 @@ def test_logged_lr_follows_the_schedule_and_gradients_are_clipped(tmp_path, monk
         [0.01 * lr_factor(s, 6, 2, "cosine") for s in range(6)])
     assert all(r["train/grad_norm"] > 0.001 for r in rows)  # logged before clipping
     assert len(seen) == 6 and max(seen) <= 0.001 * (1 + 1e-4)
+
+
+@pytest.mark.parametrize("name,said", [
+    ("gpu", "trainer.device=gpu is not a device: use auto, cpu, cuda, cuda:N or mps"),
+    ("mps", "trainer.device=mps but no MPS device is available; use cpu"),
+    ("cpu:3", "trainer.device=cpu:3 but this machine has 1 CPU device(s): use cpu:0 .. cpu:0"),
+])
+def test_a_device_this_machine_lacks_is_a_config_error(name, said, monkeypatch):
+    """Before: a traceback from the first `.to(device)`, after config.yaml was written."""
+    from framework.trainer import resolve_device
+
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
+    with pytest.raises(ConfigError) as e:
+        resolve_device(name)
+    assert str(e.value) == said
+    assert resolve_device("cpu") == torch.device("cpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert resolve_device("auto") == torch.device("cuda") == resolve_device("cuda")
+    assert resolve_device("cuda:1") == torch.device("cuda", 1)
+    with pytest.raises(ConfigError, match=r"has 2 CUDA device\(s\): use cuda:0 .. cuda:1$"):
+        resolve_device("cuda:2")
