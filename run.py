@@ -23,8 +23,10 @@ prepare_argv(sys.argv)
 @hydra.main(version_base=None, config_path="configs", config_name="config")
 def main(cfg: DictConfig):
     with handle_errors():
+        from framework.loggers import console_logging
         from tasks import TASKS
 
+        console_logging()
         plain = OmegaConf.to_container(cfg, resolve=True)
         run_dir = prepare_run_dir(plain)
         if run_dir is None:  # already finished: nothing to do

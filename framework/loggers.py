@@ -9,16 +9,37 @@ resumed run is one run (wandb keeps the first values it got for a redone step).
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import secrets
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from tqdm import tqdm
+
 from framework.checkpoint import atomic_write_bytes
 from framework.config import ConfigError, first_line
+
+
+class _TqdmHandler(logging.Handler):
+    def emit(self, record: logging.LogRecord) -> None:
+        tqdm.write(self.format(record), file=sys.stderr)  # above an open progress bar
+
+
+def console_logging() -> None:
+    """The framework's progress lines (a dataset being prepared: SentencePiece training, the
+    cache entry written) on stderr, between the progress bars. Hydra's job logging is off
+    (configs/config.yaml: a run's log is its metrics.jsonl), which left them unseen."""
+    log = logging.getLogger("framework")
+    if not any(isinstance(h, _TqdmHandler) for h in log.handlers):
+        handler = _TqdmHandler()
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        log.addHandler(handler)
+    log.setLevel(logging.INFO)
 
 
 @dataclass(frozen=True)

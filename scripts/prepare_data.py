@@ -15,7 +15,6 @@ archive here and prepare from it. Several jobs may run this at once: they share 
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 import time
 from contextlib import nullcontext
@@ -29,6 +28,7 @@ sys.path.insert(0, str(ROOT))
 from framework.config import ConfigError, from_dict, is_environment_error  # noqa: E402
 from framework.data import DATASETS, DataError  # noqa: E402
 from framework.data.cache import prepared_only  # noqa: E402
+from framework.loggers import console_logging  # noqa: E402
 
 
 def parse_override(text: str) -> tuple[str, object]:
@@ -66,7 +66,7 @@ def parse(argv: list[str] | None = None) -> tuple[str, type, object, bool]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    console_logging()
     try:
         name, cls, cfg, verify = parse(argv)
         if verify and not hasattr(cls, "entry"):

@@ -234,3 +234,25 @@ def test_a_damaged_tokenizer_is_trained_again_not_reused(tmp_path, caplog):
     assert subword.reusable_model(entry) is None
     model_file.unlink()
     assert subword.reusable_model(entry) is None
+
+
+def test_preparing_inside_a_run_says_what_it_is_doing(tmp_path, capsys):
+    """Hydra's job logging is off in runs: the data pipeline's lines (SentencePiece
+    training, the entry written) reach stderr through console_logging, once each."""
+    import logging
+
+    from framework.loggers import console_logging
+
+    console_logging()
+    console_logging()  # run.py in a sequential sweep: still one handler
+    try:
+        write_wikitext(tmp_path / "wt")
+        Wt103.load(cfg_for(tmp_path))
+        err = capsys.readouterr().err
+        assert err.count("wt103: training the SentencePiece bpe model (vocab 150) on ") == 1
+        assert "wt103: SentencePiece model trained in " in err
+        assert f"prepared {Wt103.entry(cfg_for(tmp_path)).path} in " in err
+    finally:
+        log = logging.getLogger("framework")
+        log.handlers.clear()
+        log.setLevel(logging.NOTSET)

@@ -319,8 +319,7 @@ def load_or_prepare(name: str, cfg: Any, settings: dict[str, Any], what: str,
             src = next((s for p in defaults if p.exists() and (s := locate(p))), None)
             if src is None:
                 entry = find_prepared(root, settings, accept)
-        if entry is not None:
-            log.info("%s: using %s (prepared from %s)", name, entry.path, entry.manifest["source"])
+        if entry is not None:  # the run's start line names it (tasks/lm_run.py)
             return entry
         if src is None and online is not None:
             src = online(hint)

@@ -16,6 +16,7 @@ import io
 import itertools
 import logging
 import os
+import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass
@@ -58,14 +59,23 @@ def train_spm(texts: Iterable[str], s: SpmSettings, out: Path, desc: str = "") -
     failed: list[DataError] = []
 
     def nonblank(texts):  # remembers a failure of the source (SentencePiece rewraps it)
+        n = 0
         try:
-            yield from (t for t in texts if t.strip())
+            for t in texts:
+                if t.strip():
+                    n += 1
+                    yield t
         except DataError as e:
             failed.append(e)
             raise
+        # SentencePiece trains once it has read everything: minutes on WikiText-103, and its
+        # own log is off (minloglevel), so say what the wait is
+        log.info("%s: training the SentencePiece %s model (vocab %d) on %d texts ...", desc,
+                 s.model_type, s.vocab_size, n)
 
     texts = nonblank(texts)
     model = io.BytesIO()
+    t0 = time.time()
     try:
         spm.SentencePieceTrainer.train(
             sentence_iterator=iter(tqdm(texts, desc=f"{desc} spm texts", unit="text",
@@ -81,6 +91,7 @@ def train_spm(texts: Iterable[str], s: SpmSettings, out: Path, desc: str = "") -
         if failed:  # the source failed (e.g. offline), not SentencePiece
             raise failed[0] from None
         raise DataError(f"{desc}: SentencePiece training failed: {e}") from None
+    log.info("%s: SentencePiece model trained in %.1f s", desc, time.time() - t0)
     out.write_bytes(model.getvalue())
 
 
