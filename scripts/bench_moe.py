@@ -45,7 +45,9 @@ BACKENDS = ("triton", "triton_unfused", "grouped_mm", "torch", "reference")
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 # dense peak FLOP/s (16-bit tensor cores / plain fp32) and memory bandwidth, by device name
 PEAKS = [  # (name fragment, bf16 FLOP/s, fp32 FLOP/s, bytes/s); first match wins
-    ("H100 PCIe", 756e12, 51e12, 2.0e12), ("H100", 989e12, 67e12, 3.35e12),
+    ("H100 PCIe", 756e12, 51e12, 2.0e12), ("H100 NVL", 835e12, 60e12, 3.9e12),
+    ("GH200", 989e12, 67e12, 4.0e12),  # before "H200", which its name contains
+    ("H100", 989e12, 67e12, 3.35e12),
     ("H200", 989e12, 67e12, 4.8e12), ("A100", 312e12, 19.5e12, 2.0e12),
     ("3090", 71e12, 35.6e12, 0.936e12),
 ]

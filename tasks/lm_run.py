@@ -100,6 +100,8 @@ def run(cfg: dict[str, Any], run_dir: Path) -> dict[str, Any] | None:
     check_backend(model_cfg, device, resolve_precision(trainer_cfg.precision, device))
     if device.type == "cuda" and dist_info.enabled:  # init_distributed made it current
         device = torch.device("cuda", dist_info.local_rank)
+    elif device.type == "cuda" and device.index is not None:
+        torch.cuda.set_device(device)  # Triton launches on the current device, not the tensors
     if dist_info.is_main:
         check_writable(run_dir)
         # a resumed run keeps the config it started with; an eval writes no config (it
@@ -183,16 +185,19 @@ def data_line(record: dict[str, Any]) -> str:
 
 def check_backend(model_cfg, device: torch.device, dtype: torch.dtype) -> None:
     """A fixed ffn.backend that cannot run here stops before anything is written (the layer
-    would only fail in its first forward, with a traceback)."""
+    would only fail in its first forward, or its first evaluation, with a traceback).
+    Training computes in `dtype`, with hidden dropout; evaluation in float32, without."""
     ffn = model_cfg.ffn
     if not isinstance(ffn, ExpertsConfig) or ffn.backend == "auto":
         return
-    x_TD = torch.empty(1, ffn.d_model, device=device, dtype=dtype)
-    w1_EDG = torch.empty(1, ffn.d_model, ffn.expert_size, device=device, dtype=dtype)
-    problem = kernels.backend_problem(ffn.backend, x_TD, w1_EDG, ffn.hidden_dropout > 0)
-    if problem is not None:
-        raise ConfigError(f"ffn.backend={ffn.backend} cannot run on {device}: {problem}; "
-                          f"ffn.backend=auto picks one that can")
+    for phase, dt, dropout in (("training", dtype, ffn.hidden_dropout > 0),
+                               ("evaluation", torch.float32, False)):
+        x_TD = torch.empty(1, ffn.d_model, device=device, dtype=dt)
+        w1_EDG = torch.empty(1, ffn.d_model, ffn.expert_size, device=device, dtype=dt)
+        problem = kernels.backend_problem(ffn.backend, x_TD, w1_EDG, dropout)
+        if problem is not None:
+            raise ConfigError(f"ffn.backend={ffn.backend} cannot run the {phase} on {device} "
+                              f"({dt}): {problem}; ffn.backend=auto picks one that can")
 
 
 def print_params(cfg: dict[str, Any], run_dir: Path | None = None) -> dict[str, Any]:

@@ -2,6 +2,7 @@
 import os
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -104,7 +105,8 @@ def test_cli_errors_are_one_line(tmp_path):
     out = run_cli("ffn.backend=triton", "ffn.hidden_dropout=0.1", f"hydra.run.dir={tmp_path}/r4",
                   cwd=tmp_path)
     assert out.returncode == 1 and len(out.stderr.strip().splitlines()) == 1, out.stderr
-    assert "error: ffn.backend=triton cannot run on cpu: " in out.stderr
+    assert "error: ffn.backend=triton cannot run the training on cpu (torch.float32): " in \
+        out.stderr
     assert "ffn.backend=auto picks one that can" in out.stderr and not (tmp_path / "r4").exists()
 
 
@@ -170,3 +172,25 @@ def test_a_full_or_read_only_disk_is_one_line(monkeypatch, capsys):
     with pytest.raises(FileNotFoundError):
         with cli.handle_errors():
             raise FileNotFoundError(errno.ENOENT, "No such file or directory", "/x")
+
+
+def test_a_backend_that_cannot_run_the_evaluation_stops_before_training(monkeypatch):
+    """Evaluation runs in float32 (no autocast): grouped_mm on CUDA (bf16 only) trained,
+    then failed at its first validation. Driven here with grouped_mm's CUDA rule."""
+    import torch
+
+    import kernels
+    from tasks.lm_run import check_backend
+
+    def cuda_rule(backend, x_TD, w1_EDG, dropout=False):
+        return None if x_TD.dtype == torch.bfloat16 else f"dtype {x_TD.dtype} on CUDA"
+
+    monkeypatch.setattr(kernels, "backend_problem", cuda_rule)
+    ffn = SigmaMoEConfig(d_model=16, n_layers=1, n_experts=4, expert_size=8, k=2,
+                         backend="grouped_mm")
+    cfg = types.SimpleNamespace(ffn=ffn)  # check_backend reads the FFN's config only
+    with pytest.raises(ConfigError, match=r"^ffn.backend=grouped_mm cannot run the evaluation "
+                                          r"on cpu \(torch.float32\): dtype torch.float32 on"):
+        check_backend(cfg, torch.device("cpu"), torch.bfloat16)
+    with pytest.raises(ConfigError, match="cannot run the training"):
+        check_backend(cfg, torch.device("cpu"), torch.float32)
