@@ -47,6 +47,10 @@ SHAPES = {
 }
 
 
+# issue 4's GPU target: a WT-B sigma-MoE step at most 0.6x its dense twin's time (bf16)
+STEP_TARGETS = {"wt_big": 0.6}
+
+
 def build(shape: str, kind: str) -> tuple[TransformerXL, int, int]:
     D, L, H, C, ctx, _, vocab, d_ff, n_e, g, k = SHAPES[shape]
     ffn = (DenseConfig(D, L, d_ff) if kind == "dense" else
@@ -187,6 +191,11 @@ def main(argv=None) -> dict:
         print(f"{shape:10} sigma-MoE / dense step time: {row['moe_over_dense_time']:.2f}x "
               f"(batch {row['batch']}, median of {args.reps} paired rounds, quartiles "
               f"{q1:.2f}-{q3:.2f})")
+        if shape in STEP_TARGETS and device.type == "cuda" and dtype == torch.bfloat16:
+            limit = STEP_TARGETS[shape]
+            row["target"] = {"limit": limit, "pass": row["moe_over_dense_time"] <= limit}
+            print(f"{shape:10} target: sigma-MoE step <= {limit}x dense: "
+                  f"{'PASS' if row['target']['pass'] else 'FAIL'}")
         out["results"][shape] = row
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(out, indent=1) + "\n")

@@ -106,3 +106,30 @@ def test_help_says_the_cpu_target_ignores_tokens(capsys):
     with pytest.raises(SystemExit):
         bench_moe.parse_args(["--help"])
     assert "target case ignores it" in " ".join(capsys.readouterr().out.split())
+
+
+def test_gpu_targets_are_judged_from_the_sweep_that_ran_the_case(capsys, monkeypatch):
+    """The GPU session reads issue 4's four targets off one run: taken from the dmodel_g128
+    case at d_model 1024 (no second run of it), each with its verdict."""
+    def r(ms, x_dense, x_roof=1.5, peak=0.3):
+        return {"ms": ms, "ms_all": [ms, ms], "ratio_to_dense": x_dense, "x_roofline": x_roof,
+                "peak_ratio_to_dense": peak, "saved_ratio_to_dense": 0.2}
+
+    case = {**bench_moe.GPU_TARGET, "d_ff": 4096,
+            "results": {"dense": r(4.0, 1.0), "triton": r(0.9, 0.225),
+                        "grouped_mm": r(1.5, 0.375)}}
+    other = {**case, "d_model": 512}
+    monkeypatch.setattr(bench_moe, "bench_case", lambda *a, **k: 1 / 0)  # must not run again
+    args = argparse.Namespace(tokens=32768, k=4)
+    out = bench_moe.gpu_target(args, torch.bfloat16, [], {}, {"dmodel_g128": [other, case]})
+    assert out["pass"] is True and out["grouped_mm_over_triton"] == pytest.approx(1.5 / 0.9)
+    said = capsys.readouterr().out.splitlines()
+    assert said[0] == "gpu target: x_dense = 0.225 (target <= 0.25): PASS"
+    assert said[-1].startswith("gpu target: PASS")
+    case["results"]["triton"] = r(0.9, 0.26, peak=None)  # too slow; memory not measured
+    out = bench_moe.gpu_target(args, torch.bfloat16, [], {}, {"dmodel_g128": [case]})
+    assert out["pass"] is False and out["checks"]["peak_x_dense"] is None
+    said = capsys.readouterr().out
+    assert "x_dense = 0.260 (target <= 0.25): FAIL" in said
+    assert "peak_x_dense = - (target <= 0.35): not measured" in said
+    assert bench_moe.gpu_target(args, torch.float16, [], {}, {"s": [case]})["pass"] is None

@@ -70,3 +70,21 @@ def test_bench_train_halves_the_batch_when_a_step_does_not_fit(monkeypatch, tmp_
     with pytest.raises(torch.cuda.OutOfMemoryError):  # not even one sequence: the error
         bench_train.main([*args, "--batch", "2"])
     assert tried == [2, 1]
+
+
+def test_the_wt_big_step_target_is_judged_on_a_gpu(tmp_path, monkeypatch, capsys):
+    """Issue 4: a WT-B sigma-MoE step at most 0.6x the dense one (bf16 on CUDA); driven with
+    a GPU name and timings given, nothing run."""
+    def row(ratio):
+        return {"batch": 32, "moe_over_dense_time": ratio, "moe_over_dense_quartiles": [0, 1],
+                **{k: {"peak_mb": 1.0, "n_params": 1, "ms": 1.0, "tokens_per_s": 1.0}
+                   for k in ("dense", "sigma_moe")}}
+
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H100 80GB HBM3")
+    for ratio, verdict in ((0.55, "PASS"), (0.65, "FAIL")):
+        monkeypatch.setattr(bench_train, "bench_shape", lambda *a, r=ratio: row(r))
+        out = bench_train.main(["--device", "cuda", "--out", str(tmp_path / "t.json")])
+        assert out["results"]["wt_big"]["target"] == {"limit": 0.6, "pass": verdict == "PASS"}
+        assert "target" not in out["results"]["wt_small"]
+        assert f"wt_big     target: sigma-MoE step <= 0.6x dense: {verdict}" in \
+            capsys.readouterr().out
