@@ -18,6 +18,9 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from scripts.run_results import print_out  # noqa: E402
+
 EXP_DIR = ROOT / "configs" / "exp"
 SWEEP_DIR = ROOT / "configs" / "sweep"
 SEEDS = "0,1,2"
@@ -61,29 +64,54 @@ hydra:
 """
 
 
+def named_tables(path: Path) -> list:
+    """The `table:` of each paper entry of one experiment file; ValueError (one line) if the
+    file is no YAML mapping, its `name:` is not its file name, or its entries no list of
+    mappings."""
+    try:
+        cfg = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:  # its text spans lines: the problem, and where
+        mark = getattr(e, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ValueError(f"not valid YAML: {problem}{where}") from None
+    if not isinstance(cfg, dict):
+        raise ValueError(f"holds a YAML {type(cfg).__name__}, not a mapping of settings")
+    name = cfg.get("name", path.stem)
+    if name != path.stem:
+        raise ValueError(f"name {name!r} differs from the file name; make them the same")
+    paper = cfg.get("paper") or {}
+    entries = (paper.get("entries") or []) if isinstance(paper, dict) else None
+    if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
+        raise ValueError("paper.entries must be a list of mappings, each with a table: "
+                         "(configs/exp/README.md)")
+    return [entry.get("table") for entry in entries]
+
+
 def table_experiments(exp_dir: Path = EXP_DIR) -> dict[str, list[str]]:
-    """table -> the sorted experiments whose paper block names it (every table, maybe [])."""
+    """table -> the sorted experiments whose paper block names it (every table, maybe []).
+    ValueError `<file>: <the problem>` for an experiment file they cannot come from."""
     out: dict[str, list[str]] = {t: [] for t in TABLES}
     for path in sorted(exp_dir.glob("*.yaml")):
-        cfg = yaml.safe_load(path.read_text()) or {}
-        name = cfg.get("name", path.stem)
-        if name != path.stem:
-            raise ValueError(f"{path}: name {name!r} differs from the file name")
-        for entry in (cfg.get("paper") or {}).get("entries") or []:
-            table = entry.get("table")
+        try:
+            tables = named_tables(path)
+        except (OSError, ValueError) as e:  # UnicodeDecodeError is a ValueError
+            raise ValueError(f"{path}: {getattr(e, 'strerror', None) or e}") from None
+        for table in tables:
             if table in HAND_WRITTEN:
                 continue
             if table not in out:
                 raise ValueError(f"{path}: unknown paper table {table!r}; "
                                  f"known: {', '.join(TABLES)}")
-            if name not in out[table]:
-                out[table].append(name)
+            if path.stem not in out[table]:
+                out[table].append(path.stem)
     return {t: sorted(names) for t, names in out.items()}
 
 
 def render(table: str, names: list[str]) -> str:
     if not names:
-        raise ValueError(f"no experiment names table {table!r} in its paper block")
+        raise ValueError(f"no experiment names table {table!r} in its paper block; add an "
+                         f"entry with table: {table} to one (configs/exp/README.md)")
     exps = ",\n".join(f"        {n}" for n in names)
     example = ",".join(names[:2])
     return TEMPLATE.format(title=TABLES[table], n=len(names), jobs=3 * len(names),
@@ -95,6 +123,15 @@ def expected_files(exp_dir: Path = EXP_DIR, sweep_dir: Path = SWEEP_DIR) -> dict
             for t, names in table_experiments(exp_dir).items()}
 
 
+def write(path: Path, text: str) -> None:
+    """One sweep file; a directory that cannot be made or a full disk is one error line."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    except OSError as e:
+        raise SystemExit(f"error: cannot write {path}: {e.strerror or e}") from None
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     mode = ap.add_mutually_exclusive_group()  # --list writes and checks nothing
@@ -103,23 +140,26 @@ def main(argv: list[str] | None = None) -> int:
     mode.add_argument("--list", nargs="+", choices=list(TABLES), metavar="TABLE",
                       help="print the experiments of these tables, comma-separated")
     args = ap.parse_args(argv)
-    if args.list:
-        tables = table_experiments()
-        print(",".join(sorted({n for t in args.list for n in tables[t]})))
-        return 0
+    try:  # EXP_DIR and SWEEP_DIR are read here, so that tests can point them elsewhere
+        if args.list:
+            tables = table_experiments(EXP_DIR)
+            print_out(",".join(sorted({n for t in args.list for n in tables[t]})) + "\n")
+            return 0
+        expected = expected_files(EXP_DIR, SWEEP_DIR)
+    except ValueError as e:  # a bad experiment file, or a table none names
+        raise SystemExit(f"error: {e}") from None
     stale = []
-    for path, text in expected_files().items():
+    for path, text in expected.items():
         if path.exists() and path.read_text() == text:
             continue
         stale.append(path)
         if not args.check:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(text)
+            write(path, text)
     rel = ", ".join(str(p.relative_to(ROOT)) for p in stale)
     if args.check and stale:
         print(f"out of date: {rel}; run python scripts/make_sweeps.py", file=sys.stderr)
         return 1
-    print(f"rewrote {rel}" if stale else "sweep files are up to date")
+    print_out(f"rewrote {rel}\n" if stale else "sweep files are up to date\n")
     return 0
 
 

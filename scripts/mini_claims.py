@@ -47,6 +47,8 @@ from scripts.run_results import (  # noqa: E402
     markdown_notes,
     missing_commands,
     ours_text,
+    print_out,
+    real,
     run_roots,
 )
 
@@ -177,16 +179,18 @@ def tokens_per_s(run_dir: Path) -> float | None:
     vals = []
     for line in path.read_text().splitlines():
         try:
-            v = json.loads(line).get("train/tokens_per_s")
+            row = json.loads(line)
         except ValueError:
             continue
-        if isinstance(v, (int, float)):
+        if isinstance(row, dict) and (v := real(row.get("train/tokens_per_s"))) is not None:
             vals.append(float(v))
     return statistics.median(vals) if vals else None
 
 
-def _mean(xs: list[float | None]) -> float | None:
-    xs = [x for x in xs if x is not None]
+def _mean(xs: list[Any]) -> float | None:
+    """Mean of the finite numbers among xs (a hand-edited "40s" or a missing value is left
+    out); None when there is none."""
+    xs = [x for x in map(real, xs) if x is not None]
     return statistics.fmean(xs) if xs else None
 
 
@@ -205,7 +209,10 @@ class Collected:
 def collect(roots: list[Path], exp_dir: Path, all_overrides: bool = False) -> Collected:
     runs, skipped = find_runs(roots, exp_dir, all_overrides)
     grouped = by_experiment(runs)
-    mini = [s for s in skipped if (s.name or "").startswith("mini_") or "/mini_" in str(s.path)]
+    # the sweep's runs left out (a `+exp=mini_moe` run is no variant of it: not listed)
+    names = {exp_name(data, variant) for data in DATASETS for variant in VARIANTS}
+    mini = [s for s in skipped if s.name in names or s.name is None
+            and any(f"/{n}/" in f"{s.path}/" for n in names)]
     out = Collected({}, {}, {}, {}, [str(s) for s in mini], {})
     counted = []
     for data, col in DATASETS.items():
@@ -322,7 +329,7 @@ def main(argv: list[str] | None = None) -> str:
         ap.error(f"--exp-dir {args.exp_dir} is not a directory")
     text = report(args.exp_dir, run_roots(args.runs, Path("runs/sweeps/mini")),
                   args.all_overrides)
-    print(text, end="")
+    print_out(text)
     return text
 
 

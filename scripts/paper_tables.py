@@ -29,6 +29,7 @@ import functools
 import re
 import statistics
 import sys
+import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from framework.config import first_line  # noqa: E402
 from scripts.flops_table import config_relative_flops, format_percent  # noqa: E402
 from scripts.run_results import (  # noqa: E402
     Run,
@@ -48,6 +50,8 @@ from scripts.run_results import (  # noqa: E402
     markdown_notes,
     missing_commands,
     ours_text,
+    print_out,
+    real,
     run_roots,
     wandb_runs,
 )
@@ -139,6 +143,8 @@ def compose_exp(path: Path, configs: Path) -> dict[str, Any]:
     without Hydra: enough for the values the tables read)."""
     base = _load_yaml(configs / "config.yaml") if (configs / "config.yaml").exists() else {}
     exp = OmegaConf.to_container(OmegaConf.load(path))
+    if not isinstance(exp, dict):
+        raise ValueError(f"holds a {type(exp).__name__}, not a mapping of config keys")
     groups = {**_defaults(base.get("defaults")), **_defaults(exp.get("defaults"))}
     parts: list[Any] = [{k: v for k, v in base.items() if k not in ("defaults", "hydra")}]
     for group, opt in groups.items():
@@ -153,14 +159,34 @@ def compose_exp(path: Path, configs: Path) -> dict[str, Any]:
 
 
 def load_experiments(exp_dir: Path) -> dict[str, Experiment]:
+    """Every exp file of `exp_dir`; one that does not parse, or whose `paper:` block is
+    malformed, stops the script with one line naming it."""
     configs = exp_dir.parent if (exp_dir.parent / "config.yaml").exists() else ROOT / "configs"
     exps = {}
     for path in sorted(exp_dir.glob("*.yaml")):
-        cfg = compose_exp(path, configs)
-        paper = cfg.get("paper") or {}
-        exps[path.stem] = Experiment(path.stem, str(cfg.get("name") or path.stem),
-                                     paper.get("params_m"), list(paper.get("entries") or []), cfg)
+        try:
+            cfg = compose_exp(path, configs)
+            paper = cfg.get("paper") or {}
+            exps[path.stem] = Experiment(path.stem, str(cfg.get("name") or path.stem),
+                                         paper.get("params_m"), paper_entries(paper), cfg)
+        except Exception as e:  # YAML syntax, OmegaConf's merge, our checks: all one line
+            sys.exit(f"error: {path}: {first_line(e)}")
     return exps
+
+
+def paper_entries(paper: dict[str, Any]) -> list[dict[str, Any]]:
+    """`paper.entries`, checked: the cells format numbers (a typo such as `23,25` would
+    fail there, with a traceback)."""
+    entries = paper.get("entries") or []
+    if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
+        raise ValueError("paper.entries must be a list of {table, row, column, value}")
+    for e in entries:
+        if e.get("value") is not None and real(e["value"]) is None:
+            raise ValueError(f"paper.entries value {e['value']!r} ({e.get('table')}, "
+                             f"{e.get('row')}, {e.get('column')}) is not a number")
+    if paper.get("params_m") is not None and real(paper["params_m"]) is None:
+        raise ValueError(f"paper.params_m {paper['params_m']!r} is not a number")
+    return list(entries)
 
 
 # -- tables -----------------------------------------------------------------------------------
@@ -213,7 +239,7 @@ def _layout(table: str, exps: dict[str, Experiment]):
 
 
 def build_table(table: str, exps: dict[str, Experiment], runs: dict[str, list[Run]],
-                skipped: list[Skipped] = ()) -> Table:
+                skipped: list[Skipped] = (), include_selector: bool = False) -> Table:
     rows, cols, grid = _layout(table, exps)
     out = Table(table, TABLES[table].title, cols, [])
     seeds: dict[str, list[Any]] = {}  # experiment stem -> the seeds it has, in table order
@@ -227,7 +253,7 @@ def build_table(table: str, exps: dict[str, Experiment], runs: dict[str, list[Ru
             exp, entry = grid[(row, col)]
             cell = Cell(exp, paper=entry.get("value"))
             if table == "moe":
-                cell.flops = config_relative_flops(exp.cfg)
+                cell.flops = config_relative_flops(exp.cfg, include_selector)
             found = runs.get(exp.name, [])
             seeds[exp.stem] = [r.seed for r in found]
             counted += found
@@ -298,12 +324,26 @@ def cell_text(cell: Cell | str, latex: bool = False) -> str:
 
 
 def latex_escape(s: str) -> str:
-    if "$" in s or "\\" in s:  # already LaTeX (e.g. a label written as $\sigma$-MoE)
-        return s
-    for ch in "&%#_{}":
-        s = s.replace(ch, "\\" + ch)
-    return (s.replace("σ", "$\\sigma$").replace("γ", "$\\gamma$").replace("δ", "$\\delta$")
-            .replace("—", "---"))
+    """A label as LaTeX text: `$...$` parts (`$\\sigma$-MoE`) stay math; elsewhere &, %, #
+    are escaped (a raw & adds a column, a raw % comments out the rest of the row), and so
+    are _ { } unless the part holds a LaTeX command; Greek letters become math."""
+    parts = s.split("$")
+    for i in range(0, len(parts), 2):  # even parts lie outside math
+        text = parts[i]
+        for ch in "&%#" if "\\" in text else "&%#_{}":
+            text = text.replace(ch, "\\" + ch)
+        parts[i] = "".join(_latex_char(c) for c in text)
+    return "$".join(parts)
+
+
+def _latex_char(c: str) -> str:
+    if c == "—":
+        return "---"
+    name = unicodedata.name(c, "") if not c.isascii() else ""
+    if name.startswith(("GREEK SMALL LETTER ", "GREEK CAPITAL LETTER ")):
+        letter = name.split()[-1].lower()
+        return f"$\\{letter if 'SMALL' in name else letter.capitalize()}$"
+    return c
 
 
 LEGEND = ("Each cell: ours ± sample std over seeds (n seeds) / paper (Δ = ours − paper) · our "
@@ -356,7 +396,7 @@ def build_all(exps: dict[str, Experiment], runs: list[Run], skipped: list[Skippe
         if name == FLOPS:
             out.append(build_flops_table(exps, include_selector))
         else:
-            out.append(build_table(name, exps, grouped, skipped))
+            out.append(build_table(name, exps, grouped, skipped, include_selector))
     return [t for t in out if t.rows or only]
 
 
@@ -391,7 +431,7 @@ def main(argv: list[str] | None = None) -> str:
         from scripts.mini_claims import report
 
         text = report(args.exp_dir, args.runs, args.all_overrides)
-        print(text, end="")
+        print_out(text)
         return text
     exps = load_experiments(args.exp_dir)
     runs, skipped = find_runs(args.runs, args.exp_dir, args.all_overrides)
@@ -399,10 +439,12 @@ def main(argv: list[str] | None = None) -> str:
         more, more_skipped = wandb_runs(args.wandb, args.exp_dir, args.all_overrides)
         runs, skipped = runs + more, skipped + more_skipped
     tables = build_all(exps, runs, skipped, args.table, args.flops_selector)
+    if not any(t.rows for t in tables):
+        sys.exit(f"error: no exp file in {args.exp_dir} has paper.entries"
+                 + (f" for table {args.table}" if args.table else ""))
     render = render_latex if args.format == "latex" else render_markdown
-    text = "\n".join(render(t) for t in tables) if tables else "no table entries in " \
-        f"{args.exp_dir} (exp files need paper.entries)\n"
-    print(text, end="")
+    text = "\n".join(render(t) for t in tables)
+    print_out(text)
     return text
 
 

@@ -92,9 +92,11 @@ def caption(sweep: str, records: list[dict[str, Any]]) -> str:
     return f"Fig. {figure}: " + ", ".join(filter(None, [*fixed, relation]))
 
 
-def plot(sweep: str, variants, meta: dict[str, Any], out: Path, mem: str = "peak",
-         title: str = "") -> list[Path]:
-    """One figure (PNG and PDF) of a sweep; `title`: its caption (`caption`)."""
+def plot(sweep: str, variants, meta: dict[str, Any], out: Path, written: list[Path],
+         mem: str = "peak", title: str = "") -> None:
+    """One figure (PNG and PDF) of a sweep, its files added to `written` before they are
+    begun (so a failed write can remove a half-written one); `title`: its caption
+    (`caption`)."""
     xkey = SWEEPS.get(sweep, (sweep,))[0]
     fig, ax_t = plt.subplots(figsize=(5.5, 3.8))
     ax_m = ax_t.twinx()
@@ -113,11 +115,33 @@ def plot(sweep: str, variants, meta: dict[str, Any], out: Path, mem: str = "peak
     ax_t.set_title("\n".join(filter(None, [title, info])), fontsize=8)
     fig.tight_layout()
     stem = "bench_" + re.sub(r"[^\w.=+-]", "_", sweep)
-    paths = [out / f"{stem}.png", out / f"{stem}.pdf"]
-    for p in paths:
-        fig.savefig(p, dpi=150)
-    plt.close(fig)
-    return paths
+    try:
+        for p in (out / f"{stem}.png", out / f"{stem}.pdf"):
+            written.append(p)
+            fig.savefig(p, dpi=150)
+    finally:
+        plt.close(fig)
+
+
+def write_figures(by_sweep: Series, records: list[dict[str, Any]], meta: dict[str, Any],
+                  out: Path) -> list[Path]:
+    """Every sweep's figure in `out`, or none: a file that cannot be written (`out` a file,
+    a directory that cannot be made, a full disk) is one error line, and the figures written
+    before it are removed again rather than left beside a half-written one."""
+    mem = {str(r["sweep"]): r.get("mem_kind", "peak") for r in records}
+    written: list[Path] = []
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        for sweep, variants in by_sweep.items():
+            plot(sweep, variants, meta, out, written, mem[sweep], caption(sweep, records))
+    except OSError as e:
+        for p in written:
+            if p.is_file():
+                p.unlink()
+        why = "it is a file" if out.is_file() else e.strerror or e
+        raise SystemExit(f"error: cannot write to {e.filename or out}: {why}; give --out a "
+                         "directory that can be written to") from None
+    return written
 
 
 def main(argv: list[str] | None = None) -> list[Path]:
@@ -138,11 +162,11 @@ def main(argv: list[str] | None = None) -> list[Path]:
     except (KeyError, TypeError, ValueError, AttributeError) as e:  # a key or value is off
         raise SystemExit(f"error: {args.bench_json} is neither bench_moe.py's JSON nor a list "
                          f"of records: {type(e).__name__} {e}") from None
-    mem = {str(r["sweep"]): r.get("mem_kind", "peak") for r in records}
+    if not records:  # not "wrote 0 files": the benchmark wrote nothing, or this is not its file
+        raise SystemExit(f"error: {args.bench_json} holds no benchmark results; give the "
+                         "JSON that scripts/bench_moe.py wrote after its sweeps ran")
     out = args.out or args.bench_json.parent
-    out.mkdir(parents=True, exist_ok=True)
-    paths = [p for sweep, variants in by_sweep.items()
-             for p in plot(sweep, variants, meta, out, mem[sweep], caption(sweep, records))]
+    paths = write_figures(by_sweep, records, meta, out)
     print(f"wrote {len(paths)} files to {out}")
     return paths
 

@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
+import os
 import re
 import shutil
 import statistics
@@ -75,12 +77,14 @@ class Skipped:
 
 def run_overrides(run_dir: Path, name: str) -> str | None:
     """The overrides of `.../<name>/<overrides>` ('' for `.../<name>`), None if the
-    directory was chosen by hand. A `fresh=true` sibling (`-2`, `-3`) has the same ones."""
+    directory was chosen by hand. A `fresh=true` sibling (`-2`, `-3`) has the same ones: the
+    suffix goes when the directory it was made beside exists (`trainer.lr=1e-3` keeps it)."""
     pat = re.compile(rf"^{re.escape(name)}(-\d+)?$")
     if pat.match(run_dir.name):
         return ""
     if pat.match(run_dir.parent.name):
-        return re.sub(r"-\d+$", "", run_dir.name)
+        first = re.sub(r"-\d+$", "", run_dir.name)
+        return first if (run_dir.parent / first).is_dir() else run_dir.name
     return None
 
 
@@ -202,16 +206,37 @@ def run_roots(given: list[Path] | None, default: Path) -> list[Path]:
     return given or [default]
 
 
+def real(x: Any) -> int | float | None:
+    """x when it is a finite number (not a bool), else None: a hand-edited or diverged
+    field ("41M", NaN) must not reach a mean, where it fails or spreads."""
+    ok = isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+    return x if ok else None
+
+
+def as_seed(x: Any) -> int | None:
+    """A recorded seed as an int ("0" from a hand-edited file is seed 0, not another
+    seed); None when it is not one."""
+    if isinstance(x, str) and re.fullmatch(r"-?\d+", x.strip()):
+        return int(x)
+    return x if isinstance(x, int) and not isinstance(x, bool) else None
+
+
 def _unreadable(res: Any) -> str | None:
-    """What makes a parsed results.json unusable (None: it holds a number for the metric in
-    valid and test); a table cell would fail on it with a traceback."""
+    """What makes a parsed results.json unusable (None: it holds a finite number for the
+    metric in valid and test, and an integer seed); a table would fail or mislead on it."""
     if not isinstance(res, dict) or not isinstance(res.get("metric"), str):
         return "no 'metric'"
     for split in ("valid", "test"):
         values = res.get(split)
         value = values.get(res["metric"]) if isinstance(values, dict) else None
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
+        if value is None:
             return f"{split} has no number {res['metric']!r}"
+        if real(value) is None:
+            return f"{split} has no finite number {res['metric']!r} (it has {value!r})"
+    if not res.get("name"):
+        return "no experiment 'name'"
+    if "seed" in res and as_seed(res["seed"]) is None:
+        return f"seed {res['seed']!r} is not an integer"
     return None
 
 
@@ -240,17 +265,24 @@ def find_runs(roots: list[Path], exp_dir: Path, all_overrides: bool = False
                 found.append((path, res))
     judge = Judge(exp_dir, compose_experiments(exp_dir, (str(r.get("name")) for _, r in found)),
                   all_overrides)
-    runs, unchecked = [], []
+    runs, unchecked, unknown = [], [], {}
     for path, res in found:
-        name, seed = str(res.get("name")), res.get("seed")
+        name, seed = str(res.get("name")), as_seed(res.get("seed"))
         why, own = judge(name, seed, path.parent, run_hash=res.get("config_hash"))
         if why is not None:
             skipped.append(Skipped(path.parent, name, why))
+            if judge.configs.get(name) is None:  # in no table's notes: said below
+                unknown[name] = unknown.get(name, 0) + 1
             continue
         unchecked += [path] if not res.get("config_hash") else []
         runs.append(Run(name, seed, res["metric"], res["valid"], res["test"],
-                        res.get("n_params"), str(path.parent), path.stat().st_mtime, res, own,
-                        res.get("code"), res.get("data")))
+                        real(res.get("n_params")), str(path.parent), path.stat().st_mtime,
+                        res, own, res.get("code"), res.get("data")))
+    if unknown:
+        names = [f"{n} ({k})" for n, k in sorted(unknown.items())]
+        print(f"warning: {sum(unknown.values())} run(s) of experiments with no file in "
+              f"{_shown(exp_dir)} are in no table: {', '.join(names[:5])}"
+              + (f" and {len(names) - 5} more" if len(names) > 5 else ""), file=sys.stderr)
     if unchecked:
         print(f"warning: {len(unchecked)} counted run(s) record no config_hash, so their config "
               f"is not checked against {_shown(exp_dir)} (e.g. {unchecked[0]})", file=sys.stderr)
@@ -271,18 +303,19 @@ def wandb_runs(project: str, exp_dir: Path, all_overrides: bool = False
                   all_overrides)
     out, skipped = [], []
     for cfg, summary, source in finished:
-        name, seed = str(cfg["name"]), (cfg.get("trainer") or {}).get("seed")
+        name, seed = str(cfg["name"]), as_seed((cfg.get("trainer") or {}).get("seed"))
         run_dir = Path(cfg.pop("run_dir")) if cfg.get("run_dir") else None
         why, own = judge(name, seed, run_dir, logged=cfg)
         if why is not None:
             skipped.append(Skipped(Path(source), name, why))
             continue
         for metric in ("ppl", "bpc"):
-            valid, test = summary.get(f"valid_{metric}"), summary.get(f"test_{metric}")
+            valid, test = real(summary.get(f"valid_{metric}")), real(summary.get(f"test_{metric}"))
             if valid is not None and test is not None:
                 code, data = summary.get("code"), summary.get("data")
                 out.append(Run(name, seed, metric, {metric: float(valid)},
-                               {metric: float(test)}, summary.get("n_params"), source, own=own,
+                               {metric: float(test)}, real(summary.get("n_params")), source,
+                               own=own,
                                code=dict(code) if code else None,
                                data=dict(data) if data else None))
                 break
@@ -359,6 +392,17 @@ def code_versions(runs: Iterable[Run], current: str | None = None) -> list[str]:
         lines.append(f"{head}: " + (f"{n} run{'s' if n > 1 else ''}" if i == 0
                                     else _named(members)))
     return lines
+
+
+def print_out(text: str) -> None:
+    """Writes a report to stdout; one that cannot take it (`> tables.md` on a full disk) is
+    one line, not a traceback (nor a second one when Python flushes stdout at exit)."""
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except OSError as e:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # drop what is left
+        sys.exit(f"error: cannot write the output: {e.strerror or e}")
 
 
 # -- which tokens they read ------------------------------------------------------------------

@@ -316,7 +316,8 @@ def test_results_without_a_number_for_the_metric_are_skipped_with_a_warning(tmp_
     assert len(warnings) == 4 and all(w.startswith("warning: ") for w in warnings)
     assert any(w.endswith("no_number/results.json: unreadable results.json (test has no "
                           "number 'bpc')") for w in warnings)
-    assert any("a_bool" in w and "valid has no number 'bpc'" in w for w in warnings)
+    assert any("a_bool" in w and "valid has no finite number 'bpc' (it has True)" in w
+               for w in warnings)
     assert any("tiny_dense/results.json: unreadable results.json (not JSON" in w
                for w in warnings)
 
@@ -488,3 +489,33 @@ def test_benchmark_figures(tmp_path):
     path.write_text(json.dumps({"results": [{"sweep": "d_model", "x": 1}]}))
     with pytest.raises(SystemExit, match="lacks"):
         plot_bench.main([str(path)])
+
+
+@pytest.mark.parametrize("text", ["[]", '{"sweeps": {}}', '{"results": []}',
+                                  '{"sweeps": {"n_experts": []}}'])
+def test_benchmark_figures_of_no_results(text, tmp_path):
+    path = tmp_path / "bench.json"
+    path.write_text(text)
+    with pytest.raises(SystemExit) as e:  # not "wrote 0 files" and exit 0
+        plot_bench.main([str(path), "--out", str(tmp_path / "fig")])
+    assert e.value.code == (f"error: {path} holds no benchmark results; give the JSON that "
+                            "scripts/bench_moe.py wrote after its sweeps ran")
+    assert not (tmp_path / "fig").exists()
+
+
+def test_benchmark_figures_that_cannot_be_written(tmp_path):
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps([{"sweep": s, "x": 1, "variant": "v", "ms": 1, "peak_mb": 1}
+                                for s in ("a", "b")]))
+    fig = tmp_path / "fig"
+    (fig / "bench_b.pdf").mkdir(parents=True)  # the last file cannot be written
+    for out, where, why in ((path, path, "it is a file"),
+                            (path / "fig", path / "fig", "Not a directory"),
+                            (fig, fig / "bench_b.pdf", "Is a directory")):
+        with pytest.raises(SystemExit) as e:
+            plot_bench.main([str(path), "--out", str(out)])
+        assert e.value.code == (f"error: cannot write to {where}: {why}; give --out a "
+                                "directory that can be written to")
+    # the figures written before it are removed again, not left beside a missing one
+    assert [p.name for p in fig.iterdir()] == ["bench_b.pdf"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bench.json", "fig"]

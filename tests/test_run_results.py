@@ -1,0 +1,144 @@
+"""Bad or unusual input to the table scripts (scripts/run_results.py, paper_tables.py,
+mini_claims.py), from an audit: hand-edited results, broken exp files, LaTeX labels, a full
+disk. Each is a number the tables get right or one line on stderr, never a traceback."""
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from scripts import paper_tables, run_results
+from tests.test_paper_tables import fake_run, write_exp
+
+ROOT = Path(__file__).resolve().parent.parent
+MOE_ENTRY = {"table": "moe", "row": "σ-MoE", "column": "Mini", "value": 2.9}
+
+
+@pytest.fixture
+def exps(tmp_path):
+    exp_dir = tmp_path / "exp"
+    write_exp(exp_dir, "tiny_moe", "sigma_moe", {"n_experts": 4, "expert_size": 16, "k": 1},
+              params_m=0.05, entries=[MOE_ENTRY])
+    return exp_dir
+
+
+def moe_cell(text: str) -> str:
+    return next(line for line in text.splitlines() if line.startswith("| σ-MoE |"))
+
+
+def test_a_seed_written_as_text_is_that_seed_and_odd_fields_do_not_reach_a_mean(
+        exps, tmp_path, capsys):
+    """"seed": "0" counted as a third seed next to 0 and 1 (n=3 with seed 2 missing); a
+    NaN metric failed inside statistics; "n_params": "41M" failed the mean."""
+    runs = tmp_path / "runs" / "tiny_moe"
+    fake_run(runs / "trainer.seed=0", exps, 0, 3.0, name="tiny_moe")
+    fake_run(runs / "trainer.seed=1", exps, 1, 3.2, name="tiny_moe", n_params="41M")
+    legacy = fake_run(runs / "trainer.seed=0-2", exps, 0, 3.1, name="tiny_moe",
+                      config_hash=None)  # a fresh=true rerun of seed 0, before hashes
+    (runs / "trainer.seed=0-2" / "results.json").write_text(json.dumps({**legacy, "seed": "0"}))
+    for sub, bad in (("nan", math.nan), ("inf", math.inf)):
+        fake_run(runs / f"trainer.seed={sub}", exps, 2, bad, name="tiny_moe")
+    odd = fake_run(runs / "trainer.seed=x", exps, 3, 3.0, name="tiny_moe")
+    (runs / "trainer.seed=x" / "results.json").write_text(json.dumps({**odd, "seed": "x"}))
+    text = paper_tables.main(["--exp-dir", str(exps), "--runs", str(tmp_path / "runs"),
+                              "--table", "moe"])
+    # seeds 0 (the newer, 3.1) and 1 (3.2); only seed 0's run has a usable n_params
+    assert "| 3.150 ± 0.071 (n=2) / 2.90 (Δ +0.250) · 0.0512M" in moe_cell(text)
+    assert "trainer.seed=2" in text.split("Missing runs")[1]
+    err = capsys.readouterr().err
+    assert "trainer.seed=nan/results.json: unreadable results.json (valid has no finite " \
+           "number 'bpc' (it has nan))" in err and "(it has inf))" in err
+    assert "trainer.seed=x/results.json: unreadable results.json (seed 'x' is not an " \
+           "integer)" in err
+
+
+def test_override_directories_and_fresh_siblings(tmp_path):
+    """`-N` is a fresh=true sibling only beside the directory it copies: an override value
+    ending in -3 (trainer.lr=1e-3) is that value."""
+    runs = tmp_path / "tiny_moe"
+    for sub in ("trainer.seed=1", "trainer.seed=1-2", "trainer.lr=1e-3"):
+        (runs / sub).mkdir(parents=True)
+    assert run_results.run_overrides(runs / "trainer.seed=1-2", "tiny_moe") == "trainer.seed=1"
+    assert run_results.run_overrides(runs / "trainer.lr=1e-3", "tiny_moe") == "trainer.lr=1e-3"
+    assert run_results.run_overrides(tmp_path / "tiny_moe-2", "tiny_moe") == ""
+
+
+def test_runs_of_unknown_experiments_get_one_warning(exps, tmp_path, capsys):
+    """They are in no table, so no table's notes named them: they vanished without a word."""
+    runs = tmp_path / "runs"
+    for i in range(7):
+        fake_run(runs / f"gone_{i}", exps, 0, 3.0, name=f"gone_{i}", config_hash=None)
+    fake_run(runs / "gone_0-2", exps, 1, 3.0, name="gone_0", config_hash=None)
+    found, _ = run_results.find_runs([runs], exps)
+    assert found == [] and capsys.readouterr().err == (
+        f"warning: 8 run(s) of experiments with no file in {exps} are in no table: "
+        "gone_0 (2), gone_1 (1), gone_2 (1), gone_3 (1), gone_4 (1) and 2 more\n")
+
+
+@pytest.mark.parametrize("body,said", [
+    ("name: [unclosed", "while parsing a flow sequence"),
+    ("- just a list", "holds a list, not a mapping of config keys"),
+    (json.dumps({"name": "x", "paper": {"params_m": None, "entries": [{**MOE_ENTRY,
+                                                                         "value": "23,25"}]}}),
+     "paper.entries value '23,25' (moe, σ-MoE, Mini) is not a number"),
+])
+def test_a_broken_exp_file_is_one_line_naming_it(exps, body, said, capsys):
+    (exps / "broken.yaml").write_text(body)
+    with pytest.raises(SystemExit) as e:
+        paper_tables.main(["--exp-dir", str(exps), "--runs", str(exps)])
+    assert e.value.code.startswith(f"error: {exps / 'broken.yaml'}: ") and said in e.value.code
+
+
+def test_no_table_entries_is_an_error(tmp_path, exps):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(SystemExit) as e:
+        paper_tables.main(["--exp-dir", str(tmp_path / "empty"), "--runs", str(tmp_path)])
+    assert e.value.code == f"error: no exp file in {tmp_path / 'empty'} has paper.entries"
+    with pytest.raises(SystemExit) as e:
+        paper_tables.main(["--exp-dir", str(exps), "--runs", str(tmp_path), "--table", "pkm"])
+    assert e.value.code.endswith("has paper.entries for table pkm")
+
+
+def test_the_selector_flag_reaches_the_moe_tables_flops_column(exps, tmp_path):
+    """--flops-selector changed the FLOPs table only: Tab. moe's column kept the paper's."""
+    args = ["--exp-dir", str(exps), "--runs", str(tmp_path), "--table", "moe"]
+    assert "· 25.0% FLOPs" in moe_cell(paper_tables.main(args))  # K/N_E = 1/4
+    # + the selector's N_E * d_model of the experts' 2 * d_model * N_E * G (G = 16)
+    assert "· 28.1% FLOPs" in moe_cell(paper_tables.main([*args, "--flops-selector"]))
+
+
+@pytest.mark.parametrize("label,latex", [
+    ("σ-MoE, no reg (γ=0,δ=0)", "$\\sigma$-MoE, no reg ($\\gamma$=0,$\\delta$=0)"),
+    ("$\\sigma$-MoE (K=4 & G=128, 25%)", "$\\sigma$-MoE (K=4 \\& G=128, 25\\%)"),
+    ("E8_α — N_E", "E8\\_$\\alpha$ --- N\\_E"),
+    ("\\textbf{Dense} & co", "\\textbf{Dense} \\& co"),  # a LaTeX command keeps its braces
+    ("Δ{x}", "$\\Delta$\\{x\\}"),
+])
+def test_labels_become_latex_text(label, latex):
+    """A raw & added a column and a raw % commented out the rest of the row whenever a
+    label held any $; other Greek letters stayed Unicode, which pdflatex rejects."""
+    assert paper_tables.latex_escape(label) == latex
+
+
+def test_mini_report_lists_only_the_sweeps_runs(tmp_path):
+    """README's `+exp=mini_moe ffn.k=2 trainer.seed=3` was listed as not counted
+    "(--all-overrides counts it)", though mini_moe is no variant of the mini sweep."""
+    from scripts import mini_claims
+    from tests.test_mini_claims import fake_run as mini_run
+
+    root = tmp_path / "runs"
+    mini_run(root, "mini_moe", 3, 2.0, [1.0], overrides="ffn.k=2,trainer.seed=3")
+    mini_run(root, "mini_enwik_moe", 0, 2.0, [1.0], overrides="ffn.k=2,trainer.seed=0")
+    text = mini_claims.main(["--runs", str(root)])
+    noted = text.split("Not counted:\n")[1].split("\n\n")[0]
+    assert "mini_enwik_moe with overrides ffn.k=2" in noted and "mini_moe/" not in noted
+
+
+def test_a_full_disk_is_one_line():
+    with open("/dev/full", "w") as full:
+        out = subprocess.run([sys.executable, "scripts/paper_tables.py", "--table", "flops"],
+                             cwd=ROOT, stdout=full, stderr=subprocess.PIPE, text=True)
+    assert out.returncode == 1
+    assert out.stderr == "error: cannot write the output: No space left on device\n"
