@@ -23,7 +23,8 @@ each other):
   masked (paper Fig. coocurence); every layer, or only `--layer L`.
 Layers are numbered from 1, as in the paper. Default `--max-segments`: the run's own
 task.final_segments (0 = the whole split, as the paper), so the numbers equal the routing
-statistics in its results.json.
+statistics in its results.json. Every argument, config.yaml, checkpoint, dataset and the
+output folder is checked before the first evaluation; a bad one is one `error:` line.
 """
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ import argparse
 import json
 import re
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -44,52 +46,128 @@ from matplotlib.ticker import MaxNLocator  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
-def run_config(path: Path) -> tuple[Path, dict[str, Any]]:
-    """(run_dir, config) of a run directory or of one checkpoint file."""
-    from omegaconf import OmegaConf
+def run_config(path: Path, dev) -> dict[str, Any]:
+    """A run directory or one checkpoint file in one: its config.yaml, read and checked.
+    Every argument comes here before anything is loaded or evaluated: a bad later one must
+    not cost the evaluation of the ones before it."""
+    import yaml
+    from omegaconf import DictConfig, OmegaConf
 
+    from framework.config import ConfigError, first_line, from_dict
+    from tasks.lm import LMTaskConfig, build_model_config
+
+    if not path.exists():
+        raise ConfigError(f"{path} does not exist: pass a run directory or a checkpoint in one")
     run_dir = path.parent if path.is_file() else path
-    if not (run_dir / "config.yaml").exists():
-        raise SystemExit(f"error: {run_dir} has no config.yaml (not a run directory)")
-    return run_dir, OmegaConf.to_container(OmegaConf.load(run_dir / "config.yaml"), resolve=True)
+    file = run_dir / "config.yaml"
+    if not file.is_file():
+        raise ConfigError(f"{run_dir} has no config.yaml (not a run directory)")
+    try:
+        conf = OmegaConf.load(file)
+        cfg = OmegaConf.to_container(conf, resolve=True)
+    except (yaml.YAMLError, ValueError) as e:  # OmegaConf's errors and bad UTF-8 are ValueErrors
+        raise ConfigError(f"{file} cannot be read ({type(e).__name__}: {first_line(e)}); "
+                          f"restore it (run.py writes it when the run starts)") from None
+    missing = [key for key in ("task", "dataset.kind", "model", "ffn")
+               if not isinstance(conf, DictConfig) or OmegaConf.select(conf, key) is None]
+    if missing:
+        raise ConfigError(f"{file} has no {', '.join(missing)}: not the config.yaml run.py "
+                          f"writes; restore it")
+    try:  # the vocabulary size comes with the data (load_run); every other field is checked
+        task_cfg = from_dict(LMTaskConfig, cfg["task"], "task")
+        model_cfg = build_model_config(cfg, vocab_size=0)
+    except ConfigError as e:  # several runs at once: say which
+        raise ConfigError(f"{file}: {first_line(e)}") from None
+    return {"path": path, "run_dir": run_dir, "cfg": cfg, "task_cfg": task_cfg,
+            "model_cfg": runnable_backend(model_cfg, dev)}
 
 
-def load_run(path: Path) -> tuple[Path, dict[str, Any], dict[str, Any]]:
-    """(run_dir, config, checkpoint state) of a run directory or of one checkpoint file."""
-    from framework.checkpoint import load_checkpoint, load_latest
+def runnable_backend(model_cfg, dev):
+    """The run's ffn.backend, or `auto` where it cannot evaluate on this device (a run trained
+    with Triton on a GPU, analysed on a laptop). A researcher wants the figures: every backend
+    computes the same MLP (tests/test_kernels*.py), so the routing and the numbers agree up to
+    float rounding; a note on stderr says so."""
+    import dataclasses
 
-    run_dir, cfg = run_config(path)
-    state = load_checkpoint(path) if path.is_file() else load_latest(run_dir)
+    import torch
+
+    import kernels
+    from models.ffn.experts import ExpertsConfig
+
+    ffn = model_cfg.ffn
+    if not isinstance(ffn, ExpertsConfig) or ffn.backend == "auto":
+        return model_cfg
+    x_TD = torch.empty(1, ffn.d_model, device=dev)  # the evaluation: float32, no dropout
+    problem = kernels.backend_problem(ffn.backend, x_TD, x_TD.new_empty(1, ffn.d_model,
+                                                                        ffn.expert_size))
+    if problem is None:
+        return model_cfg
+    print(f"note: ffn.backend={ffn.backend} cannot run on {dev} ({problem}): analysing with "
+          f"ffn.backend=auto (the same numbers up to float rounding)", file=sys.stderr)
+    return dataclasses.replace(model_cfg, ffn=dataclasses.replace(ffn, backend="auto"))
+
+
+def resolve_device(name: str):
+    """--device, checked before anything is loaded (framework.trainer says trainer.device)."""
+    from framework.config import ConfigError
+    from framework.trainer import resolve_device as resolve
+
+    try:
+        return resolve(name)
+    except ConfigError as e:
+        raise ConfigError(str(e).replace("trainer.device=", "--device ")) from None
+
+
+def load_run(run: dict[str, Any]) -> dict[str, Any]:
+    """The run with its data and model (on the CPU, the checkpoint loaded), for every run
+    before the first evaluation: a checkpoint that does not load or does not fit config.yaml,
+    a dataset not prepared on this machine."""
+    import dataclasses
+
+    from framework.checkpoint import CheckpointError, load_checkpoint, load_latest
+    from models.transformer_xl import TransformerXL
+    from tasks.lm import load_data
+
+    path, run_dir = run["path"], run["run_dir"]
+    try:
+        state = (load_checkpoint(path) if path.is_file() else
+                 load_latest(run_dir, warn=lambda line: print(line, file=sys.stderr)))
+    except CheckpointError as e:
+        raise CheckpointError(f"{run_dir}/{e}; pass the run directory (its newest valid "
+                              f"checkpoint) or another checkpoint") from None
     if state is None:
-        raise SystemExit(f"error: no valid checkpoint in {run_dir}; train the run first")
-    return run_dir, cfg, state
+        raise CheckpointError(f"no valid checkpoint in {run_dir}; train the run first")
+    if not isinstance(state, dict) or "model" not in state:
+        raise CheckpointError(f"{path}: no model weights (not a checkpoint run.py writes); "
+                              f"pass a run directory or a checkpoint_*.pt in one")
+    data = load_data(run["cfg"])
+    model = TransformerXL(dataclasses.replace(run["model_cfg"], vocab_size=data.vocab_size))
+    try:
+        model.load_state_dict(state["model"])
+    except (TypeError, RuntimeError) as e:  # another run's checkpoint
+        detail = str(e).strip().splitlines()[-1].strip()  # load_state_dict's 1st: a heading
+        raise CheckpointError(f"{path}: its weights do not fit the model {run_dir}/config.yaml "
+                              f"describes ({detail}); analyse a checkpoint with the config.yaml "
+                              f"of the run that wrote it") from None
+    return {**run, "data": data, "model": model, "step": int(state.get("step", 0))}
 
 
-def analyze(path: Path, split: str = "valid", max_segments: int | None = None,
-            device: str = "auto") -> dict[str, Any]:
+def analyze(run: dict[str, Any], dev, split: str = "valid",
+            max_segments: int | None = None) -> dict[str, Any]:
     """One evaluation pass with routing statistics; the numbers of every figure."""
     import torch
 
-    from framework.config import from_dict
-    from framework.trainer import resolve_device
-    from models.transformer_xl import TransformerXL
-    from tasks.lm import LMTask, LMTaskConfig, build_model_config, load_data
+    from tasks.lm import LMTask
 
-    run_dir, cfg, state = load_run(path)
-    task_cfg = from_dict(LMTaskConfig, cfg["task"], "task")
-    data = load_data(cfg)
-    model_cfg = build_model_config(cfg, data.vocab_size)
-    dev = resolve_device(device)
-    model = TransformerXL(model_cfg)
-    model.load_state_dict(state["model"])
-    model.to(dev)
+    run_dir, cfg, task_cfg, data = run["run_dir"], run["cfg"], run["task_cfg"], run["data"]
+    model = run.pop("model").to(dev)  # handed over: one model on the device at a time
     task = LMTask(task_cfg, data, model, dev)
     segments = task_cfg.final_segments if max_segments is None else max_segments
     with torch.no_grad():
         r = task.evaluate(split, task_cfg.eval_batch_size, task_cfg.eval_mem_segments,
                           segments, stats=True)
     return {"label": str(cfg.get("name", run_dir.name)), "run_dir": str(run_dir),
-            "step": int(state.get("step", 0)), "ffn": model_cfg.ffn_kind, "split": split,
+            "step": run["step"], "ffn": model.cfg.ffn_kind, "split": split,
             "max_segments": segments, "tokens": r["tokens"], "metric": data.metric,
             data.metric: r[data.metric], "layers": summarize_layers(r["routing"])}
 
@@ -205,12 +283,29 @@ def plot_cooccurrence(runs: list[dict[str, Any]], out: Path,
 
 def write_figures(runs: list[dict[str, Any]], out: Path,
                   layer: int | None = None) -> list[Path]:
-    """Every figure that applies to these runs, and analysis.json with their numbers."""
+    """Every figure that applies to these runs, and analysis.json with their numbers (written
+    whole or not at all: an earlier analysis is not lost to a full disk)."""
+    from framework.checkpoint import atomic_write_bytes
+
     out.mkdir(parents=True, exist_ok=True)
     paths = plot_active(runs, out) + plot_usage(runs, out, layer)
     paths += plot_cooccurrence(runs, out, layer)
-    (out / "analysis.json").write_text(json.dumps({"runs": runs}, indent=1) + "\n")
+    text = json.dumps({"runs": runs}, indent=1) + "\n"
+    atomic_write_bytes(out / "analysis.json", text.encode())
     return [*paths, out / "analysis.json"]
+
+
+def check_writable(out: Path) -> None:
+    """The output folder, created and probed before the evaluation: an --out that cannot be
+    written failed only after it."""
+    from framework.config import ConfigError
+
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=out).close()
+    except OSError as e:
+        raise ConfigError(f"cannot write to {out} ({e.strerror or e}): choose another --out") \
+            from None
 
 
 def main(argv: list[str] | None = None) -> list[Path]:
@@ -228,16 +323,40 @@ def main(argv: list[str] | None = None) -> list[Path]:
     args = ap.parse_args(argv)
     if args.max_segments is not None and args.max_segments < 0:
         ap.error(f"--max-segments {args.max_segments}: must be >= 0 (0 = the whole split)")
-    if args.layer is not None:  # before the evaluation, which can take long
-        n_layers = min(int(run_config(p)[1]["model"]["n_layers"]) for p in args.paths)
+    from framework.checkpoint import CheckpointError
+    from framework.config import ConfigError, first_line, is_environment_error
+    from framework.data import DataError
+    from framework.registry import RegistryError
+
+    try:
+        return analyze_all(ap, args)
+    except (ConfigError, DataError, CheckpointError, RegistryError, OSError) as e:
+        # an OSError is the user's to fix when it is a permission, a full disk or a missing
+        # file; any other, like any other exception, is a bug: its traceback
+        if isinstance(e, OSError) and not (is_environment_error(e)
+                                           or isinstance(e, FileNotFoundError)):
+            raise
+        print(f"error: {first_line(e)}", file=sys.stderr)
+        sys.exit(1)
+
+
+def analyze_all(ap: argparse.ArgumentParser, args: argparse.Namespace) -> list[Path]:
+    """Every check first (the arguments, each run's config, checkpoint and data, the output
+    folder), then the evaluations, which can take hours on a whole split."""
+    dev = resolve_device(args.device)
+    configs = [run_config(p, dev) for p in args.paths]
+    if args.layer is not None:
+        n_layers = min(c["model_cfg"].n_layers for c in configs)
         if not 1 <= args.layer <= n_layers:
             ap.error(f"--layer {args.layer}: the runs have layers 1..{n_layers}")
-    runs = [analyze(p, args.split, args.max_segments, args.device) for p in args.paths]
+    out = args.out or configs[0]["run_dir"] / "analysis" / args.split  # splits side by side
+    check_writable(out)
+    loaded = [load_run(c) for c in configs]
+    runs = [analyze(r, dev, args.split, args.max_segments) for r in loaded]
     labels = [r["label"] for r in runs]
     for i, r in enumerate(runs):  # two seeds of one experiment: tell them apart
         if labels.count(r["label"]) > 1:
             r["label"] = f"{r['label']}#{i}"
-    out = args.out or Path(runs[0]["run_dir"]) / "analysis" / args.split  # splits side by side
     paths = write_figures(runs, out, args.layer)
     for r in runs:
         print(f"{r['label']}: {r['split']} {r['metric']} {r[r['metric']]:.4f} "

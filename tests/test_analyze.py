@@ -2,11 +2,16 @@
 Figs. moe_counts_*, Fig. coocurence)."""
 import json
 import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+import yaml
 
+import kernels
 from framework.checkpoint import load_latest, save_checkpoint
 from models.ffn.base import RoutingStats
 from scripts import analyze
@@ -145,3 +150,120 @@ def test_hand_built_routing(tmp_path):
     assert np.isnan(np.diag(img)).all() and img[0, 1] == pytest.approx(2 / 4)
     assert saved[0]["dead_fraction"] == 0.0
     assert saved[1]["active_mean"] == 1.5 and saved[1]["active_std"] == 0.5  # counts 2 and 1
+
+
+def copy_run(runs, tmp_path, edit=None, name="copy"):
+    """A copy of the MoE run; `edit(cfg)` changes its config.yaml."""
+    run_dir = tmp_path / name
+    shutil.copytree(runs / "moe", run_dir)
+    if edit is not None:
+        cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
+        edit(cfg)
+        (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg))
+    return run_dir
+
+
+def truncated_checkpoint(runs, tmp_path):
+    ckpt = sorted(copy_run(runs, tmp_path).glob("checkpoint_*.pt"))[-1]
+    ckpt.write_bytes(ckpt.read_bytes()[:1000])
+    return ckpt
+
+
+def without_checkpoints(runs, tmp_path):
+    run_dir = copy_run(runs, tmp_path)
+    for p in run_dir.glob("checkpoint_*"):
+        p.unlink()
+    return run_dir
+
+
+def broken_yaml(runs, tmp_path):
+    run_dir = copy_run(runs, tmp_path)
+    (run_dir / "config.yaml").write_text("task: [1\n")
+    return run_dir
+
+
+def a_file(tmp_path):
+    (tmp_path / "file").write_text("")
+    return tmp_path / "file"
+
+
+# case -> (arguments after a good run, given tmp_path's copy of the runs; the error line)
+BAD_INPUT = {
+    "missing run": lambda runs, tmp: (
+        [str(tmp / "nope")], f"{tmp / 'nope'} does not exist: pass a run directory"),
+    "missing checkpoint": lambda runs, tmp: (
+        [str(runs / "moe" / "checkpoint_99999999.pt")],
+        f"{runs / 'moe' / 'checkpoint_99999999.pt'} does not exist"),
+    "no config.yaml": lambda runs, tmp: (
+        [str(tmp)], f"{tmp} has no config.yaml (not a run directory)"),
+    "broken config.yaml": lambda runs, tmp: (
+        [str(broken_yaml(runs, tmp))],
+        f"{tmp / 'copy' / 'config.yaml'} cannot be read (ParserError: "),
+    "config.yaml without task": lambda runs, tmp: (
+        [str(copy_run(runs, tmp, lambda c: c.pop("task")))],
+        f"{tmp / 'copy' / 'config.yaml'} has no task: not the config.yaml run.py writes"),
+    "config.yaml without model.n_layers": lambda runs, tmp: (
+        [str(copy_run(runs, tmp, lambda c: c["model"].pop("n_layers")))],
+        f"{tmp / 'copy' / 'config.yaml'}: model: "),
+    "unknown dataset": lambda runs, tmp: (
+        [str(copy_run(runs, tmp, lambda c: c["dataset"].update(kind="nope")))],
+        "unknown dataset 'nope'"),
+    "device that does not exist": lambda runs, tmp: (
+        ["--device", "bogus"], "--device bogus is not a device: use auto, cpu"),
+    "device this machine lacks": lambda runs, tmp: (
+        ["--device", "cuda:99"], "--device cuda:99 but "),
+    "output folder that cannot be made": lambda runs, tmp: (
+        ["--out", str(a_file(tmp) / "fig")], f"cannot write to {tmp / 'file' / 'fig'} ("),
+    "checksum sidecar as checkpoint": lambda runs, tmp: (
+        [str(sorted((runs / "moe").glob("*.pt.sha256"))[-1])], f"{runs / 'moe'}/checkpoint_"),
+    "truncated checkpoint": lambda runs, tmp: (
+        [str(truncated_checkpoint(runs, tmp))], f"{tmp / 'copy'}/checkpoint_"),
+    "run without a checkpoint": lambda runs, tmp: (
+        [str(without_checkpoints(runs, tmp))], f"no valid checkpoint in {tmp / 'copy'}; train"),
+    "checkpoint of another model": lambda runs, tmp: (
+        [str(copy_run(runs, tmp, lambda c: c["ffn"].update(n_experts=8)))],
+        f"{tmp / 'copy'}: its weights do not fit the model"),
+    "dataset not prepared": lambda runs, tmp: (  # the real loader: it fails at once
+        [str(copy_run(runs, tmp, lambda c: c.update(
+            dataset={"kind": "enwik8", "cache_dir": str(tmp / "empty_cache")})))],
+        f"enwik8: no prepared cache under {tmp / 'empty_cache' / 'enwik8'}"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_INPUT)
+def test_bad_input_is_one_line_before_any_evaluation(case, runs, tmp_path, monkeypatch, capsys):
+    """Each bad argument (after a good one) stops with one `error:` line and exit code 1
+    before the first evaluation, and writes no analysis."""
+    def evaluate(*args, **kwargs):
+        raise AssertionError("evaluated before checking every argument")
+
+    monkeypatch.setattr(analyze, "analyze", evaluate)
+    argv, error = BAD_INPUT[case](runs, tmp_path)
+    with pytest.raises(SystemExit) as e:
+        analyze.main(["--out", str(tmp_path / "fig"), str(runs / "dense"), *argv])
+    assert e.value.code == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {error}") and err.count("\n") == 1, err
+    assert not list(tmp_path.glob("**/analysis.json"))
+
+
+def test_command_line_error_has_no_traceback(tmp_path):
+    r = subprocess.run([sys.executable, "scripts/analyze.py", str(tmp_path / "nope")],
+                       capture_output=True, text=True, cwd=Path(analyze.__file__).parent.parent)
+    assert r.returncode == 1
+    assert r.stderr == f"error: {tmp_path / 'nope'} does not exist: pass a run directory or a " \
+                       f"checkpoint in one\n"
+
+
+def test_backend_that_cannot_run_here_analyses_with_auto(runs, tmp_path, monkeypatch, capsys):
+    """A run trained with ffn.backend=triton on a GPU, analysed where Triton cannot run:
+    backend auto, a note, the numbers of the run's own backend."""
+    run_dir = copy_run(runs, tmp_path, lambda c: c["ffn"].update(backend="triton"))
+    monkeypatch.setattr(kernels, "backend_problem", lambda backend, *args: f"no {backend} here")
+    analyze.main([str(run_dir), "--out", str(tmp_path / "fig")])
+    assert capsys.readouterr().err == ("note: ffn.backend=triton cannot run on cpu (no triton "
+                                       "here): analysing with ffn.backend=auto (the same "
+                                       "numbers up to float rounding)\n")
+    [res] = json.loads((tmp_path / "fig" / "analysis.json").read_text())["runs"]
+    ref = json.loads((runs / "moe" / "results.json").read_text())
+    assert res["bpc"] == pytest.approx(ref["valid"]["bpc"], abs=1e-6)
