@@ -21,7 +21,7 @@ from framework.checkpoint import atomic_write_bytes, list_checkpoints, load_late
 from framework.code_version import code_version
 from framework.config import ConfigError, from_dict
 from framework.data import DATASETS
-from framework.distributed import init_distributed
+from framework.distributed import all_gather_object, init_distributed
 from framework.experiment import (
     check_trained_as,
     check_writable,
@@ -143,11 +143,12 @@ def run(cfg: dict[str, Any], run_dir: Path) -> dict[str, Any] | None:
                                   f"mode=eval: no checkpoint in {run_dir}; train this run first")
             model.load_state_dict(state["model"])
             trainer.load_progress(state)
+        peak_rss = max(all_gather_object(peak_rss_mb()))  # the largest process's (all ranks)
         results: dict[str, Any] = {"name": cfg.get("name"), "metric": data.metric,
                                    "steps": trainer.step, "n_params": count,
                                    "config_hash": trainer.config_hash, "seed": trainer_cfg.seed,
                                    "train_seconds": round(trainer.train_seconds, 1),
-                                   "peak_rss_mb": round(peak_rss_mb(), 1),
+                                   "peak_rss_mb": round(peak_rss, 1),
                                    "code": code_version(trainer.code_fingerprints),
                                    "data": data_record}
         # Every rank evaluates the same streams (identical numbers); rank 0 writes them.
