@@ -26,8 +26,9 @@ from framework.config import ConfigError, first_line
 
 
 class _TqdmHandler(logging.Handler):
-    def emit(self, record: logging.LogRecord) -> None:
-        tqdm.write(self.format(record), file=sys.stderr)  # above an open progress bar
+    def emit(self, record: logging.LogRecord) -> None:  # above an open progress bar
+        prefix = "warning: " if record.levelno >= logging.WARNING else ""
+        tqdm.write(prefix + self.format(record), file=sys.stderr)
 
 
 def console_logging() -> None:

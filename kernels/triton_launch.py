@@ -14,6 +14,8 @@ Shapes: tok_R int32 [R], off_S int32 [E*K+1] (kernels/routing.py), W[e, k, n] an
 """
 from __future__ import annotations
 
+import contextlib
+import functools
 import inspect
 
 import torch
@@ -153,6 +155,18 @@ def _n_slots(off_S: torch.Tensor, n_exp: int) -> int:
     return (off_S.numel() - 1) // n_exp
 
 
+def _on_tensor_device(launch):
+    """Triton launches on the current CUDA device, not on its tensors' (cuda:1 tensors with
+    cuda:0 current: "Pointer argument cannot be accessed from Triton"): make theirs current
+    for the call, whoever calls (a run on cuda:N, analyze.py --device cuda:N)."""
+    @functools.wraps(launch)
+    def run(a, *args, **kwargs):
+        with torch.cuda.device(a.device) if a.is_cuda else contextlib.nullcontext():
+            return launch(a, *args, **kwargs)
+    return run
+
+
+@_on_tensor_device
 def gather_mm(a, w_EKN, tok_R, off_S, epilogue=EPI_NONE, h=None, gate=None, order_R=None):
     """C[r] = epi(A[tok[r]] @ W[e_r]) -> C [R, N] (and d gate partials)."""
     E, KD, N = w_EKN.shape
@@ -178,6 +192,7 @@ def gather_mm(a, w_EKN, tok_R, off_S, epilogue=EPI_NONE, h=None, gate=None, orde
     return c if gpart is None else (c, gpart)
 
 
+@_on_tensor_device
 def scatter_mm(a_RK, w_EKN, tok_R, off_S, n_tokens, scale=None, order_R=None):
     """Y[t] = sum over the K rows r of token t of scale_r * (A[r] @ W[e_r]) -> Y [T, N].
 
@@ -201,6 +216,7 @@ def scatter_mm(a_RK, w_EKN, tok_R, off_S, n_tokens, scale=None, order_R=None):
     return y
 
 
+@_on_tensor_device
 def wgrad(a, b, tok_R, off_S, n_exp, gather_a, gather_b, scale=None, order_R=None, dtype=None):
     """dW[e] = sum_{r of e} (scale_r A[ia_r])^T B[ib_r] -> dW [E, a.shape[1], b.shape[1]]."""
     M, N = a.shape[1], b.shape[1]

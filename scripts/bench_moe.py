@@ -447,6 +447,10 @@ def main(argv=None) -> dict:
 def gpu_target(args, dtype, backends, peaks, done: dict[str, list[dict]]) -> dict:
     """Issue 4's GPU targets on the case d_model 1024, N_E 32, G 128, K 4, 32768 tokens: taken
     from a sweep that ran it (dmodel_g128 does with the defaults), else run here."""
+    if dtype != torch.bfloat16 or "triton" not in backends:
+        why = "the targets are for bf16" if dtype != torch.bfloat16 else "triton is not run"
+        print(f"gpu target: not judged ({why})")
+        return {"pass": None, "why": why}
     c = {k: GPU_TARGET[k] for k in ("d_model", "n_experts", "expert_size")}
     c["d_ff"] = c["n_experts"] * c["expert_size"]
     case = next((x for cs in done.values() for x in cs
@@ -458,10 +462,6 @@ def gpu_target(args, dtype, backends, peaks, done: dict[str, list[dict]]) -> dic
         case = bench_case(c, targs, "cuda", dtype, backends, peaks)
         print_case("gpu target", case)
     res = case["results"]
-    if dtype != torch.bfloat16 or "triton" not in res:
-        why = "the targets are for bf16" if dtype != torch.bfloat16 else "triton did not run"
-        print(f"gpu target: not judged ({why})")
-        return {**case, "pass": None, "why": why}
     tri = res["triton"]
     got = {"x_dense": tri["ratio_to_dense"], "x_roofline": tri["x_roofline"],
            "peak_x_dense": tri.get("peak_ratio_to_dense"),
@@ -473,8 +473,11 @@ def gpu_target(args, dtype, backends, peaks, done: dict[str, list[dict]]) -> dic
         verdict = {True: "PASS", False: "FAIL", None: "not measured"}[checks[k]]
         value = "-" if got[k] is None else f"{got[k]:.3f}"
         print(f"gpu target: {k} = {value} (target {op} {lim}): {verdict}")
-    ok = all(checks.values())
-    print(f"gpu target: {'PASS' if ok else 'FAIL'} (saved activations / dense "
+    # one failure fails; else one unmeasured check (grouped_mm skipped: torch < 2.8) leaves
+    # the verdict open
+    ok = False if False in checks.values() else None if None in checks.values() else True
+    verdict = {True: "PASS", False: "FAIL", None: "INCOMPLETE (a check was not measured)"}[ok]
+    print(f"gpu target: {verdict} (saved activations / dense "
           f"{tri['saved_ratio_to_dense']:.2f}, for reference)")
     return {**case, **got, "limits": GPU_LIMITS, "checks": checks, "pass": ok}
 

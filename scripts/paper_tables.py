@@ -29,12 +29,13 @@ import functools
 import re
 import statistics
 import sys
-import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
 from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from framework.config import first_line  # noqa: E402
@@ -169,8 +170,8 @@ def load_experiments(exp_dir: Path) -> dict[str, Experiment]:
             paper = cfg.get("paper") or {}
             exps[path.stem] = Experiment(path.stem, str(cfg.get("name") or path.stem),
                                          paper.get("params_m"), paper_entries(paper), cfg)
-        except Exception as e:  # YAML syntax, OmegaConf's merge, our checks: all one line
-            sys.exit(f"error: {path}: {first_line(e)}")
+        except (yaml.YAMLError, OmegaConfBaseException, ValueError, OSError) as e:
+            sys.exit(f"error: {path}: {first_line(e)}")  # syntax, merge, our checks
     return exps
 
 
@@ -324,26 +325,22 @@ def cell_text(cell: Cell | str, latex: bool = False) -> str:
 
 
 def latex_escape(s: str) -> str:
-    """A label as LaTeX text: `$...$` parts (`$\\sigma$-MoE`) stay math; elsewhere &, %, #
-    are escaped (a raw & adds a column, a raw % comments out the rest of the row), and so
-    are _ { } unless the part holds a LaTeX command; Greek letters become math."""
+    """A label as LaTeX text: `$...$` parts (`$\\sigma$-MoE`) stay math; elsewhere an &, %, #
+    not already escaped is (a raw & adds a column, a raw % comments out the rest of the
+    row), and so are _ { } unless the part holds a LaTeX command; Greek letters become math."""
     parts = s.split("$")
     for i in range(0, len(parts), 2):  # even parts lie outside math
-        text = parts[i]
-        for ch in "&%#" if "\\" in text else "&%#_{}":
-            text = text.replace(ch, "\\" + ch)
-        parts[i] = "".join(_latex_char(c) for c in text)
+        special = "&%#" if "\\" in parts[i] else "&%#_{}"
+        text = re.sub(rf"(?<!\\)([{re.escape(special)}])", r"\\\1", parts[i])
+        parts[i] = "".join(f"${LATEX_GREEK[c]}$" if c in LATEX_GREEK else c
+                           for c in text).replace("—", "---")
     return "$".join(parts)
 
 
-def _latex_char(c: str) -> str:
-    if c == "—":
-        return "---"
-    name = unicodedata.name(c, "") if not c.isascii() else ""
-    if name.startswith(("GREEK SMALL LETTER ", "GREEK CAPITAL LETTER ")):
-        letter = name.split()[-1].lower()
-        return f"$\\{letter if 'SMALL' in name else letter.capitalize()}$"
-    return c
+LATEX_GREEK = {c: "\\" + name for c, name in zip(
+    "αβγδεηθκλμνπρστφχψωΓΔΘΛΞΠΣΦΨΩ",
+    "alpha beta gamma delta epsilon eta theta kappa lambda mu nu pi rho sigma tau phi chi psi "
+    "omega Gamma Delta Theta Lambda Xi Pi Sigma Phi Psi Omega".split(), strict=True)}
 
 
 LEGEND = ("Each cell: ours ± sample std over seeds (n seeds) / paper (Δ = ours − paper) · our "

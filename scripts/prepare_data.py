@@ -89,7 +89,8 @@ def main(argv: list[str] | None = None) -> int:
     for problem in problems:
         print(f"error: {entry.path}: {problem}", file=sys.stderr)
     if problems:
-        print(f"delete {entry.path} and prepare again", file=sys.stderr)
+        print(f"delete {entry.path} and prepare again (this command without --verify)",
+              file=sys.stderr)
         return 1
     if verify:
         print(f"verified: every file matches its sha256 ({len(entry.checksums())} files)")

@@ -312,14 +312,21 @@ def wandb_runs(project: str, exp_dir: Path, all_overrides: bool = False
         for metric in ("ppl", "bpc"):
             valid, test = real(summary.get(f"valid_{metric}")), real(summary.get(f"test_{metric}"))
             if valid is not None and test is not None:
-                code, data = summary.get("code"), summary.get("data")
+                code, data = plain(summary.get("code")), plain(summary.get("data"))
                 out.append(Run(name, seed, metric, {metric: float(valid)},
                                {metric: float(test)}, real(summary.get("n_params")), source,
-                               own=own,
-                               code=dict(code) if code else None,
-                               data=dict(data) if data else None))
+                               own=own, code=code or None, data=data or None))
                 break
     return out, skipped
+
+
+def plain(node: Any) -> Any:
+    """wandb's summary mappings (SummarySubDict, at every level) as plain dicts and lists."""
+    if hasattr(node, "items"):
+        return {k: plain(v) for k, v in node.items()}
+    if isinstance(node, (list, tuple)):
+        return [plain(v) for v in node]
+    return node
 
 
 def _wandb_api_runs(project: str) -> list[Any]:

@@ -116,7 +116,7 @@ def describe_data(data: TokenData, cfg: LMTaskConfig, steps: int
     e.g. after `trainer.steps` was raised without the matching training tokens.
     """
     n_train = len(data.split("train"))
-    per_epoch = max(1, (n_train // cfg.batch_size - 1) // cfg.context)
+    per_epoch = StreamBatcher(data.split("train"), cfg.batch_size, cfg.context).steps_per_epoch
     record = {"name": data.name, "tokens": {s: len(a) for s, a in data.splits.items()},
               "train_epochs": float(f"{steps / per_epoch:.4g}"), **data.origin}
     warning = None

@@ -121,15 +121,24 @@ def test_gpu_targets_are_judged_from_the_sweep_that_ran_the_case(capsys, monkeyp
     other = {**case, "d_model": 512}
     monkeypatch.setattr(bench_moe, "bench_case", lambda *a, **k: 1 / 0)  # must not run again
     args = argparse.Namespace(tokens=32768, k=4)
-    out = bench_moe.gpu_target(args, torch.bfloat16, [], {}, {"dmodel_g128": [other, case]})
+    backends = ["triton", "grouped_mm"]
+    out = bench_moe.gpu_target(args, torch.bfloat16, backends, {},
+                               {"dmodel_g128": [other, case]})
     assert out["pass"] is True and out["grouped_mm_over_triton"] == pytest.approx(1.5 / 0.9)
     said = capsys.readouterr().out.splitlines()
     assert said[0] == "gpu target: x_dense = 0.225 (target <= 0.25): PASS"
     assert said[-1].startswith("gpu target: PASS")
     case["results"]["triton"] = r(0.9, 0.26, peak=None)  # too slow; memory not measured
-    out = bench_moe.gpu_target(args, torch.bfloat16, [], {}, {"dmodel_g128": [case]})
+    out = bench_moe.gpu_target(args, torch.bfloat16, backends, {}, {"dmodel_g128": [case]})
     assert out["pass"] is False and out["checks"]["peak_x_dense"] is None
     said = capsys.readouterr().out
     assert "x_dense = 0.260 (target <= 0.25): FAIL" in said
     assert "peak_x_dense = - (target <= 0.35): not measured" in said
-    assert bench_moe.gpu_target(args, torch.float16, [], {}, {"s": [case]})["pass"] is None
+    del case["results"]["grouped_mm"]  # skipped (torch < 2.8): nothing failed, one unknown
+    case["results"]["triton"] = r(0.9, 0.2)
+    out = bench_moe.gpu_target(args, torch.bfloat16, ["triton"], {}, {"dmodel_g128": [case]})
+    assert out["pass"] is None
+    assert capsys.readouterr().out.splitlines()[-1].startswith("gpu target: INCOMPLETE")
+    # fp16, or no Triton: nothing is run to be told "not judged" after it
+    for dtype, backends in ((torch.float16, ["triton"]), (torch.bfloat16, ["grouped_mm"])):
+        assert bench_moe.gpu_target(args, dtype, backends, {}, {})["pass"] is None

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import gzip
+import hashlib
 import json
 import random
 import sys
@@ -183,11 +184,34 @@ def test_c4_documents_separated_and_train_limited(tmp_path, c4_dir, monkeypatch)
     big = C4.load(C4Config(train_tokens=3000, **kw))
     np.testing.assert_array_equal(big.splits["train"][:1500], train)
     assert len(big.splits["train"]) == 3000
+    # a run reading a prefix records that prefix's sha256: the same as from an entry of
+    # exactly those tokens, so the tables see one data version
+    again = C4.load(C4Config(train_tokens=1500, **kw))
+    assert again.origin["train_tokens_stored"] == 3000 and "train_tokens_stored" not in \
+        data.origin
+    assert again.origin["sha256"] == data.origin["sha256"]
+    assert small.origin["sha256"]["train"] == hashlib.sha256(train[:700].tobytes()).hexdigest()
     # more than the shards hold: an explicit request fails, the default takes all there is
     with pytest.raises(DataError, match="train_tokens=10000000"):
         C4.load(C4Config(train_tokens=10_000_000, **kw))
     everything = C4.load(C4Config(**kw)).splits["train"]
     assert (everything == eos).sum() == len(train_docs)
+
+
+def test_extending_an_entry_with_a_damaged_tokenizer_trains_it_again(tmp_path, c4_dir,
+                                                                      monkeypatch, caplog):
+    """Raising C4's train_tokens rebuilds the entry with its SentencePiece model; a damaged
+    one is trained again (the same model: same texts, same seed), not encoded with."""
+    kw = dict(source=str(c4_dir[0]), cache_dir=str(tmp_path / "cache"), vocab_size=80,
+              spm_train_docs=50, valid_docs=5, num_proc=1)
+    first = C4.load(C4Config(train_tokens=700, **kw))
+    (C4.entry(C4Config(train_tokens=700, **kw)).path / "spm.model").write_bytes(b"damaged")
+    trained, train_spm = [], subword.train_spm
+    monkeypatch.setattr(subword, "train_spm", lambda *a, **k: trained.append(train_spm(*a, **k)))
+    more = C4.load(C4Config(train_tokens=1500, **kw))
+    assert len(trained) == 1 and "spm.model is damaged" in caplog.text
+    assert more.origin["sha256"]["spm.model"] == first.origin["sha256"]["spm.model"]
+    np.testing.assert_array_equal(more.splits["train"][:700], first.splits["train"])
 
 
 def test_c4_default_copy_that_grew_is_read_again(tmp_path):
@@ -316,7 +340,7 @@ def test_prepare_data_script(tmp_path, capsys, monkeypatch):
     assert prepare_data.main(verify) == 1
     assert capsys.readouterr().err.splitlines() == [
         f"error: {entry.path}: test.bin: sha256 differs from the manifest's (damaged)",
-        f"delete {entry.path} and prepare again"]
+        f"delete {entry.path} and prepare again (this command without --verify)"]
     assert prepare_data.main(["enwik_mini", "--verify"]) == 1
     assert "nothing to verify" in capsys.readouterr().err
     # nothing prepared: --verify builds nothing (C4 would stream from the hub)
@@ -324,6 +348,16 @@ def test_prepare_data_script(tmp_path, capsys, monkeypatch):
     assert capsys.readouterr().err == (f"error: c4: nothing prepared with these settings under "
                                        f"{tmp_path / 'none' / 'c4'}\n")
     assert not (tmp_path / "none").exists()
+    # C4's train_tokens is no part of the cache key: --verify takes the entry as it is
+    src = tmp_path / "c4"
+    write_shards(src, "en/c4-train.{:05d}-of-01024.json.gz", 1, 40, 3)
+    write_shards(src, "en/c4-validation.{:05d}-of-00008.json.gz", 1, 30, 4)
+    small = ["vocab_size=80", "spm_train_docs=30", "valid_docs=5", "--cache-dir",
+             str(tmp_path / "c")]
+    assert prepare_data.main(["c4", "train_tokens=700", "--source", str(src), *small]) == 0
+    capsys.readouterr()
+    assert prepare_data.main(["c4", "--verify", *small]) == 0
+    assert "verified: every file matches its sha256 (4 files)" in capsys.readouterr().out
     assert prepare_data.main(["enwik8", "--source", str(tmp_path / "no"),
                               "--cache-dir", str(tmp_path / "c")]) == 1
     err = capsys.readouterr().err.strip()

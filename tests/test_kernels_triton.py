@@ -352,3 +352,28 @@ def test_gpu_fused_faster_than_loop():
         return start.elapsed_time(end) / n
 
     assert ms("triton") < ms("reference")
+
+
+def test_a_launch_makes_its_tensors_device_current(monkeypatch):
+    """Triton launches on the current CUDA device: cuda:1 tensors with cuda:0 current failed
+    ("Pointer argument cannot be accessed"). Driven with a stand-in CUDA tensor."""
+    import contextlib
+
+    from kernels import triton_launch
+
+    made_current = []
+
+    @contextlib.contextmanager
+    def device(d):
+        made_current.append(d)
+        yield
+
+    class OnCuda1:
+        is_cuda, device = True, torch.device("cuda", 1)
+
+    monkeypatch.setattr(torch.cuda, "device", device)
+    launch = triton_launch._on_tensor_device(lambda a, n, scale=1: (a, n, scale))
+    a = OnCuda1()
+    assert launch(a, 3, scale=2) == (a, 3, 2) and made_current == [torch.device("cuda", 1)]
+    launch(torch.zeros(1), 0)  # CPU tensors (the interpreter): no CUDA context
+    assert len(made_current) == 1

@@ -115,6 +115,7 @@ def test_the_selector_flag_reaches_the_moe_tables_flops_column(exps, tmp_path):
     ("E8_α — N_E", "E8\\_$\\alpha$ --- N\\_E"),
     ("\\textbf{Dense} & co", "\\textbf{Dense} \\& co"),  # a LaTeX command keeps its braces
     ("Δ{x}", "$\\Delta$\\{x\\}"),
+    ("R\\&D, 50\\% sparse, λ", "R\\&D, 50\\% sparse, $\\lambda$"),  # escaped already: kept
 ])
 def test_labels_become_latex_text(label, latex):
     """A raw & added a column and a raw % commented out the rest of the row whenever a
@@ -136,9 +137,26 @@ def test_mini_report_lists_only_the_sweeps_runs(tmp_path):
     assert "mini_enwik_moe with overrides ffn.k=2" in noted and "mini_moe/" not in noted
 
 
-def test_a_full_disk_is_one_line():
+def test_a_full_disk_is_one_line(tmp_path):
     with open("/dev/full", "w") as full:
-        out = subprocess.run([sys.executable, "scripts/paper_tables.py", "--table", "flops"],
+        out = subprocess.run([sys.executable, "scripts/paper_tables.py", "--table", "flops",
+                              "--runs", str(tmp_path)],
                              cwd=ROOT, stdout=full, stderr=subprocess.PIPE, text=True)
     assert out.returncode == 1
     assert out.stderr == "error: cannot write the output: No space left on device\n"
+
+
+def test_wandb_summaries_become_plain_dicts():
+    """wandb hands nested summary values back as SummarySubDict (a mapping, not a dict):
+    dict() converted the top level only, so no wandb run ever had a data version."""
+    class Sub:
+        def __init__(self, d):
+            self.d = d
+
+        def items(self):
+            return self.d.items()
+
+    data = Sub({"name": "c4", "sha256": Sub({"train": "a", "valid": "b"}), "l": (Sub({}),)})
+    got = run_results.plain(data)
+    assert got == {"name": "c4", "sha256": {"train": "a", "valid": "b"}, "l": [{}]}
+    assert run_results.data_label(got) is not None

@@ -149,14 +149,17 @@ class Entry:
                 **self.manifest.get("sha256", {})}
 
     def origin(self) -> dict[str, Any]:
-        """What a run records of the data it read (results.json): this entry, its source,
-        when it was prepared, and the sha256 of each array (by name) and other file."""
-        arrays = self.manifest["arrays"]
-        return {"cache_entry": str(self.path), "source": self.manifest["source"],
+        """What a run records of the data it read (results.json): this entry, its source (a
+        long list of shards as its count and digest), when it was prepared, and the sha256
+        of each array (by name: train, ...) and other file (spm.model)."""
+        names = {info["file"]: name for name, info in self.manifest["arrays"].items()}
+        source = self.manifest["source"]
+        if isinstance(source, list) and len(source) > 4:
+            source = {"files": len(source), "digest": digest(source)}
+        return {"cache_entry": str(self.path), "source": source,
                 "prepared": datetime.fromtimestamp(self.manifest["created"]).isoformat(
                     timespec="seconds"),
-                "sha256": {**{name: info.get("sha256") for name, info in arrays.items()},
-                           **self.manifest.get("sha256", {})}}
+                "sha256": {names.get(f, f): sha for f, sha in self.checksums().items()}}
 
     def verify(self) -> list[str]:
         """Re-reads every file with a recorded checksum; what is wrong (empty: intact)."""
@@ -165,7 +168,7 @@ class Entry:
             file = self.path / name
             if want is None:
                 problems.append(f"{name}: no checksum recorded (prepared before checksums "
-                                f"existed; prepare it again to add them)")
+                                f"existed)")
             elif not file.is_file():
                 problems.append(f"{name}: missing")
             elif file_sha256(file, f"verify {name}") != want:
@@ -228,8 +231,8 @@ def prepare(root: Path, settings: dict[str, Any], source: Any,
     key = f"{digest(settings)}-{digest(source)}"
     final = root / key
     entry = _read_entry(final)
-    if entry is not None and accept(entry):
-        return entry
+    if entry is not None and (accept(entry) or not _MAY_BUILD.get()):
+        return entry  # prepared_only: as it is (a C4 entry with fewer tokens than the default)
     if not _MAY_BUILD.get():
         raise DataError(f"{root.name}: nothing prepared with these settings under {root}")
     with file_lock(root / f"{key}.lock"):
@@ -306,6 +309,10 @@ def load_or_prepare(name: str, cfg: Any, settings: dict[str, Any], what: str,
     cache = resolve_cache_dir(cfg.cache_dir)
     root = cache / name
     hint = prepare_command(name, f"/path/to/{default_names[0]}", cfg)
+    if not _MAY_BUILD.get() and not cfg.source:  # prepared_only: any entry of the settings
+        if (entry := find_prepared(root, settings)) is None:
+            raise DataError(f"{name}: nothing prepared with these settings under {root}")
+        return entry
     if cfg.source:
         path = Path(cfg.source).expanduser()
         src = locate(path) if path.exists() else None

@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import functools
 import gzip
+import hashlib
 import itertools
 import json
+import logging
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -40,6 +42,7 @@ from framework.data.cache import (
 )
 from framework.data.subword import SpmSettings, build_subword, check_vocab_size, resolve_num_proc
 
+log = logging.getLogger(__name__)
 # 100k steps x batch 64 x context 512: the largest C4/peS2o run of the paper (docs/REFERENCE.md,
 # "big" rows); the "small" rows (context 256) need half. Experiment configs set their own.
 DEFAULT_TRAIN_TOKENS = train_tokens_for(100_000, 64, 512)
@@ -218,7 +221,12 @@ class HfStream:
         splits = {"train": train[: cfg.needed_tokens], "valid": e.array("valid"),
                   "test": e.array("test")}
         origin = e.origin()
-        if len(train) > cfg.needed_tokens:  # the sha256 is of all of them; the run reads a prefix
+        if len(train) > cfg.needed_tokens:  # the run reads a prefix: record that prefix's
+            # sha256 (what an entry of exactly these tokens records), so that runs reading the
+            # same tokens agree whichever entry served them (paper_tables' data versions)
+            log.info("%s: hashing the %d-token prefix of %s this run reads", cls.NAME,
+                     cfg.needed_tokens, e.path)
+            origin["sha256"]["train"] = hashlib.sha256(splits["train"].data).hexdigest()
             origin["train_tokens_stored"] = len(train)
         return TokenData(cls.NAME, splits, e.manifest["vocab_size"], "ppl", origin,
                          one_pass_key="dataset.train_tokens")

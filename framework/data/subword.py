@@ -72,10 +72,11 @@ def train_spm(texts: Iterable[str], s: SpmSettings, out: Path, desc: str = "") -
         # own log is off (minloglevel), so say what the wait is
         log.info("%s: training the SentencePiece %s model (vocab %d) on %d texts ...", desc,
                  s.model_type, s.vocab_size, n)
+        started.append(time.time())
 
     texts = nonblank(texts)
     model = io.BytesIO()
-    t0 = time.time()
+    started = [time.time()]  # then: when the reading ended and the training began
     try:
         spm.SentencePieceTrainer.train(
             sentence_iterator=iter(tqdm(texts, desc=f"{desc} spm texts", unit="text",
@@ -91,7 +92,7 @@ def train_spm(texts: Iterable[str], s: SpmSettings, out: Path, desc: str = "") -
         if failed:  # the source failed (e.g. offline), not SentencePiece
             raise failed[0] from None
         raise DataError(f"{desc}: SentencePiece training failed: {e}") from None
-    log.info("%s: SentencePiece model trained in %.1f s", desc, time.time() - t0)
+    log.info("%s: SentencePiece model trained in %.1f s", desc, time.time() - started[-1])
     out.write_bytes(model.getvalue())
 
 
