@@ -310,13 +310,14 @@ def handle_errors():
     from framework.checkpoint import CheckpointError
     from framework.data import DataError
     from framework.registry import RegistryError
-    from framework.trainer import TrainingDiverged
+    from framework.trainer import Interrupted, TrainingDiverged
 
     try:
         yield
-    except KeyboardInterrupt:
-        print("interrupted; rerunning the same command resumes from the last checkpoint, if "
-              "one was written", file=sys.stderr)
+    except KeyboardInterrupt as e:
+        if not isinstance(e, Interrupted):  # the trainer said where its checkpoint is
+            print("interrupted; rerunning the same command resumes from the last checkpoint, "
+                  "if one was written", file=sys.stderr)
         sys.exit(130)
     except Exception as e:
         job = _sweep_job()

@@ -95,7 +95,9 @@ class RunLogger:
         with open(self.path, "a") as f:
             f.write(json.dumps(row) + "\n")
         if self.wandb is not None:
-            self.wandb.log({k: v for k, v in row.items() if k != "step"}, step=step)
+            # not the wall-clock time: wandb keeps its own, and would list it as a metric
+            self.wandb.log({k: v for k, v in row.items() if k not in ("step", "time")},
+                           step=step)
 
     def size(self) -> int | None:
         """Bytes of the JSONL file so far (None where this process does not write it)."""
@@ -116,3 +118,4 @@ class RunLogger:
     def close(self) -> None:
         if self.wandb is not None:
             self.wandb.finish()
+            self.wandb = None  # closed once, whichever of the run's paths gets here first

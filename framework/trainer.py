@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 import random
 import signal
+import sys
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -78,6 +79,16 @@ class TrainerConfig:
 
 class TrainingDiverged(RuntimeError):
     pass
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C once the trainer has written its checkpoint and said so (the CLI adds no
+    line of its own)."""
+
+
+def note(line: str) -> None:
+    """A warning or note: on stderr, with the progress bar (stdout keeps the results)."""
+    tqdm.write(line, file=sys.stderr)
 
 
 def seed_everything(seed: int) -> None:
@@ -227,9 +238,9 @@ class Trainer:
         state = None
         if self.is_main:
             found = len(list_checkpoints(self.run_dir))
-            state = load_latest(self.run_dir, warn=lambda m: tqdm.write(m), repair=True)
+            state = load_latest(self.run_dir, warn=note, repair=True)
             if state is None and found:
-                tqdm.write(f"warning: none of the {found} checkpoints in {self.run_dir} loads "
+                note(f"warning: none of the {found} checkpoints in {self.run_dir} loads "
                            f"(kept as *.pt.bad): training starts over from step 0")
         step = broadcast_from_main(None if state is None else int(state["step"]))
         if step is None:
@@ -300,7 +311,7 @@ class Trainer:
             raise TrainingDiverged(msg + ". The last good checkpoint is kept: rerun with "
                                    "trainer.nan_policy=skip to resume from it skipping such "
                                    "steps, or lower trainer.lr (a new run)")
-        tqdm.write("warning: skipping step: " + msg)
+        note("warning: skipping step: " + msg)
 
     def _on_signal(self, signum, frame) -> None:
         self._signal = signum
@@ -309,8 +320,8 @@ class Trainer:
         """Ctrl-C: finish the step, checkpoint, stop; a second Ctrl-C stops at once."""
         self._signal = signum
         signal.signal(signal.SIGINT, signal.default_int_handler)
-        tqdm.write("interrupted: stopping after this step with a checkpoint (Ctrl-C again to "
-                   "stop at once, losing the steps since the last checkpoint)")
+        note("interrupted: stopping after this step with a checkpoint (Ctrl-C again to stop "
+             "at once, losing the steps since the last checkpoint)")
 
     def _preempted(self) -> bool:
         """Whether any rank got a preemption signal (collective under DDP: all agree)."""
@@ -333,8 +344,10 @@ class Trainer:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
         if self._signal is not None:  # checkpoint written: now let the signal do its job
-            tqdm.write(f"{signal.Signals(self._signal).name} at step {self.step}: checkpoint "
-                       f"written in {self.run_dir}; rerun the same command to resume")
+            note(f"{signal.Signals(self._signal).name} at step {self.step}: checkpoint written "
+                 f"in {self.run_dir}; rerun the same command to resume")
+            if self._signal == signal.SIGINT:
+                raise Interrupted
             signal.raise_signal(self._signal)
             raise SystemExit(128 + self._signal)  # a handler that returned: still stop
 
@@ -357,9 +370,12 @@ class Trainer:
         self.model.train()
         t0, tokens = time.perf_counter(), 0
         clock = t0  # the time of the steps redone after a resume counts once
+        shown = self.is_main and cfg.progress
+        # a log file (Slurm, nohup) gets a line per log_every steps, not a bar redrawn in it
+        lines = shown and not sys.stderr.isatty()
         # closed on an error too, so that the error's line does not end up glued to the bar
         with tqdm(total=cfg.steps, initial=self.step, dynamic_ncols=True, desc="train",
-                  disable=not (self.is_main and cfg.progress)) as bar:
+                  disable=not shown or lines) as bar:
             while self.step < cfg.steps:
                 metrics = self.train_step()
                 self.step += 1
@@ -370,16 +386,26 @@ class Trainer:
                     metrics["tokens_per_s"] = tokens / max(dt, 1e-9)
                     bar.set_postfix(loss=f"{metrics['loss']:.3f}",
                                     tok_s=f"{metrics['tokens_per_s']:.0f}")
+                    if lines:
+                        left = (cfg.steps - self.step) * dt * self.task.tokens_per_step / tokens
+                        note(f"step {self.step}/{cfg.steps} | loss {metrics['loss']:.3f} | "
+                             f"{metrics['tokens_per_s']:.0f} tok/s | "
+                             f"{tqdm.format_interval(left)} left")
                     self.logger.log({f"train/{k}": v for k, v in metrics.items()}, self.step)
                     t0, tokens = time.perf_counter(), 0
                 if self.step % cfg.val_every == 0 and self.step < cfg.steps:
-                    self.logger.log({f"valid/{k}": v for k, v in self.task.validate().items()},
-                                    self.step)
+                    result = self.task.validate()
+                    self.logger.log({f"valid/{k}": v for k, v in result.items()}, self.step)
+                    if shown:
+                        tqdm.write(f"step {self.step} | valid " + " | ".join(
+                            f"{k} {v:.4f}" for k, v in result.items() if k != "tokens"))
                     self.model.train()
+                    t0, tokens = time.perf_counter(), 0  # tokens/s: of the training only
                 now = time.perf_counter()
                 self.train_seconds, clock = self.train_seconds + now - clock, now
                 preempted = self._preempted()
                 if self.step % cfg.ckpt_every == 0 or self.step == cfg.steps or preempted:
                     self.checkpoint()
+                    t0, tokens = time.perf_counter(), 0
                 if preempted:
                     break

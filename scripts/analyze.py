@@ -165,7 +165,7 @@ def analyze(run: dict[str, Any], dev, split: str = "valid",
     segments = task_cfg.final_segments if max_segments is None else max_segments
     with torch.no_grad():
         r = task.evaluate(split, task_cfg.eval_batch_size, task_cfg.eval_mem_segments,
-                          segments, stats=True)
+                          segments, stats=True, progress=True)  # a whole split: minutes
     return {"label": str(cfg.get("name", run_dir.name)), "run_dir": str(run_dir),
             "step": run["step"], "ffn": model.cfg.ffn_kind, "split": split,
             "max_segments": segments, "tokens": r["tokens"], "metric": data.metric,
@@ -330,6 +330,9 @@ def main(argv: list[str] | None = None) -> list[Path]:
 
     try:
         return analyze_all(ap, args)
+    except KeyboardInterrupt:  # nothing written yet, or the figures already are
+        print("interrupted", file=sys.stderr)
+        sys.exit(130)
     except (ConfigError, DataError, CheckpointError, RegistryError, OSError) as e:
         # an OSError is the user's to fix when it is a permission, a full disk or a missing
         # file; any other, like any other exception, is a bug: its traceback

@@ -195,7 +195,9 @@ class LMTask:
         total = min(n_seg, max_segments) if max_segments else n_seg
         mem_len = mem_segments * self.cfg.context
         sum_ce, count, mems = 0.0, 0, None
-        for i, (x_BT, y_BT) in enumerate(tqdm(batcher.segments(), total=total, disable=not progress,
+        # no bar into a log file (disable=None: a terminal only), where it is one long line
+        for i, (x_BT, y_BT) in enumerate(tqdm(batcher.segments(), total=total,
+                                              disable=None if progress else True,
                                               desc=f"eval {split}", leave=False)):
             if i == total:
                 break

@@ -32,6 +32,7 @@ from framework.loggers import LoggerConfig, RunLogger
 from framework.trainer import (
     Trainer,
     TrainerConfig,
+    note,
     resolve_device,
     resolve_precision,
     seed_everything,
@@ -128,7 +129,7 @@ def run(cfg: dict[str, Any], run_dir: Path) -> dict[str, Any] | None:
                    f"ranks={dist_info.world_size}")
         tqdm.write(data_line(data_record))
         if data_warning and mode == "train":
-            tqdm.write(f"warning: {data_warning}")
+            note(f"warning: {data_warning}")
     try:
         trainer = Trainer(trainer_cfg, task, run_dir, logger, device, dist_info,
                           run_hashes(cfg))
@@ -136,7 +137,7 @@ def run(cfg: dict[str, Any], run_dir: Path) -> dict[str, Any] | None:
             trainer.fit()
         else:
             found = len(list_checkpoints(run_dir))
-            state = load_latest(run_dir, warn=tqdm.write)
+            state = load_latest(run_dir, warn=note)
             if state is None:
                 raise ConfigError(f"mode=eval: none of the {found} checkpoints in {run_dir} "
                                   f"loads (see the warnings above)" if found else
@@ -169,6 +170,7 @@ def run(cfg: dict[str, Any], run_dir: Path) -> dict[str, Any] | None:
             logger.summary({**{f"{s}_{data.metric}": results[s][data.metric]
                                for s in ("valid", "test")}, "n_params": count,
                             "code": results["code"], "data": data_record})
+        logger.close()  # before the result line: wandb's summary would print below it
         print(f"final valid {data.metric} {results['valid'][data.metric]:.4f} | "
               f"test {data.metric} {results['test'][data.metric]:.4f} | results: {out}")
         return results

@@ -209,7 +209,7 @@ def test_no_loadable_checkpoint_eval_stops_and_training_starts_over_saying_so(tm
     with pytest.raises(ConfigError, match="mode=eval: none of the 1 checkpoints in .* loads"):
         RUN({**cfg, "mode": "eval"}, tmp_path)
     RUN(cfg, tmp_path)
-    out = capsys.readouterr().out
+    out = capsys.readouterr().err  # warnings go to stderr, beside the progress bar
     assert f"none of the 1 checkpoints in {tmp_path} loads (kept as *.pt.bad): training " \
            "starts over from step 0" in out
     assert (tmp_path / "checkpoint_00000002.pt.bad").exists()
@@ -230,7 +230,7 @@ def test_corrupt_checkpoint_falls_back_to_previous(tmp_path, capsys):
     finally:
         Trainer.load_state_dict = real
     assert loaded == [2]
-    lines = [x for x in capsys.readouterr().out.splitlines() if "skipping checkpoint" in x]
+    lines = [x for x in capsys.readouterr().err.splitlines() if "skipping checkpoint" in x]
     assert lines == ["warning: skipping checkpoint checkpoint_00000004.pt: checksum mismatch "
                      "(truncated or corrupt) (moved to checkpoint_00000004.pt.bad); trying "
                      "the previous one"]

@@ -224,3 +224,18 @@ def test_a_device_this_machine_lacks_is_a_config_error(name, said, monkeypatch):
     assert resolve_device("cuda:1") == torch.device("cuda", 1)
     with pytest.raises(ConfigError, match=r"has 2 CUDA device\(s\): use cuda:0 .. cuda:1$"):
         resolve_device("cuda:2")
+
+
+def test_a_log_file_gets_lines_not_a_bar_and_validation_is_shown(tmp_path, capsys):
+    """Into a file (Slurm, nohup) the redrawn bar was one ever-growing line; periodic
+    validation went to metrics.jsonl only, and its time into the next tokens/s."""
+    cfg = compose_cfg([*TINY, "trainer.steps=4", "trainer.log_every=2", "trainer.val_every=2",
+                       "task.val_segments=1", "task.final_segments=1", "trainer.progress=true"])
+    RUN(cfg, tmp_path / "run")  # pytest's captured stderr is no terminal
+    out, err = capsys.readouterr()
+    assert "\r" not in err and "\r" not in out
+    lines = [line for line in err.splitlines() if line.startswith("step ")]
+    assert [line.split(" | ")[0] for line in lines] == ["step 2/4", "step 4/4"]
+    assert lines[1].endswith("00:00 left") and " tok/s | " in lines[0]
+    valid = [r for r in metrics(tmp_path / "run") if "valid/bpc" in r][0]
+    assert f"step 2 | valid loss {valid['valid/loss']:.4f} | bpc {valid['valid/bpc']:.4f}" in out
