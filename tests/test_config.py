@@ -194,3 +194,13 @@ def test_a_backend_that_cannot_run_the_evaluation_stops_before_training(monkeypa
         check_backend(cfg, torch.device("cpu"), torch.bfloat16)
     with pytest.raises(ConfigError, match="cannot run the training"):
         check_backend(cfg, torch.device("cpu"), torch.float32)
+
+
+def test_help_says_what_runs_without_an_experiment():
+    """--help showed Hydra's banner and the base config (100k steps, batch 64), not what a
+    plain `python run.py` trains."""
+    out = run_cli("--help")
+    assert out.returncode == 0 and "Hydra" not in out.stdout.splitlines()[0]
+    assert "Without +exp the main job runs: +exp=mini_moe" in out.stdout
+    exps = next(line for line in out.stdout.splitlines() if line.startswith("exp: "))
+    assert "wt103_small_moe" in exps.split(", ") and "--cfg job" in out.stdout
