@@ -170,7 +170,9 @@ def test_a_failing_job_is_one_line_under_the_local_launcher(tmp_path):
     assert len(logs) == 2
     assert any("mini_enwik_switch [ffn.n_experts=2]: 0.65M parameters" in t
                for t in logs.values())
-    error, summary = out.stderr.strip().splitlines()
+    launched, error, summary = out.stderr.strip().splitlines()
+    assert launched.startswith("launched 2 local jobs; their logs: ") and \
+        launched.endswith("/.submitit/%j (%j: the job id)")
     failed = re.fullmatch(
         r"error: ffn.k=4 must be between 1 and ffn.n_experts=2: lower ffn.k or raise "
         r"ffn.n_experts \[job \+exp=mini_moe ffn.n_experts=2 mode=params; log (\S+)\]", error)
@@ -268,7 +270,9 @@ def test_ctrl_c_while_waiting_for_slurm_jobs_is_one_line(monkeypatch, capsys, sr
         launcher.launch([["+exp=e8_moe", "trainer.seed=0"], ["+exp=e8_moe", "trainer.seed=1"]],
                         initial_job_idx=0)
     assert e.value.code == 130
-    assert capsys.readouterr().err == (
+    launched, interrupted = capsys.readouterr().err.splitlines(keepends=True)
+    assert launched.startswith("launched 2 slurm jobs; their logs: ")
+    assert interrupted == (
         "interrupted; the Slurm jobs keep running (scancel 123 stops them); rerunning the "
         "same command skips the finished runs and resumes the others from their last "
         "checkpoints\n")

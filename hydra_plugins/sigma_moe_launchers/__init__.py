@@ -98,6 +98,9 @@ class _ReportEachJob(plugin.BaseSubmititLauncher):
         def map_array(executor, fn, *iterables):
             settled.extend(_Settled(job, overrides) for job, overrides
                            in zip(submit(executor, fn, *iterables), iterables[0]))
+            if settled:  # a sweep that says nothing for an hour looks hung
+                print(f"launched {len(settled)} {self._EXECUTOR} jobs; their logs: "
+                      f"{executor.folder} (%j: the job id)", file=sys.stderr)
             return settled
 
         try:
