@@ -241,7 +241,7 @@ class Trainer:
             state = load_latest(self.run_dir, warn=note, repair=True)
             if state is None and found:
                 note(f"warning: none of the {found} checkpoints in {self.run_dir} loads "
-                           f"(kept as *.pt.bad): training starts over from step 0")
+                     f"(kept as *.pt.bad): training starts over from step 0")
         step = broadcast_from_main(None if state is None else int(state["step"]))
         if step is None:
             return False
