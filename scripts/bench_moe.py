@@ -24,13 +24,11 @@ import json
 import os
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import kernels  # noqa: E402
 from kernels.testing import (  # noqa: E402
@@ -40,9 +38,17 @@ from kernels.testing import (  # noqa: E402
     reference_case,
     run_case,
 )
+from scripts.bench_common import (  # noqa: E402
+    DTYPES,
+    device_slug,
+    out_path,
+    paired_ratio,
+    parse_with_defaults,
+    sync,
+    time_all,
+)
 
 BACKENDS = ("triton", "triton_unfused", "grouped_mm", "torch", "reference")
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 # dense peak FLOP/s (16-bit tensor cores / plain fp32) and memory bandwidth, by device name
 PEAKS = [  # (name fragment, bf16 FLOP/s, fp32 FLOP/s, bytes/s); first match wins
     ("H100 PCIe", 756e12, 51e12, 2.0e12), ("H100 NVL", 835e12, 60e12, 3.9e12),
@@ -129,49 +135,6 @@ def measure_peaks(device: str, dtype: torch.dtype) -> tuple[float, float]:
 
 
 # ------------------------------------------------------------------------ timing
-def sync(device: str) -> None:
-    if device == "cuda":
-        torch.cuda.synchronize()
-
-
-def device_slug(name: str) -> str:
-    """'NVIDIA H100 80GB HBM3' -> 'nvidia_h100_80gb_hbm3': benchmark JSON file names."""
-    return "".join(ch if ch.isalnum() else "_" for ch in name.lower()).strip("_")
-
-
-def time_all(fns: dict, device: str, warmup: int, reps: int) -> dict[str, list[float]]:
-    """Interleaved runs (every variant once per round), so a load change on a shared
-    machine hits all variants alike. -> name -> list of milliseconds."""
-    for fn in fns.values():
-        for _ in range(warmup):
-            fn()
-    sync(device)
-    out = {k: [] for k in fns}
-    for _ in range(reps):
-        for k, fn in fns.items():
-            if device == "cuda":
-                start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
-                start.record()
-                fn()
-                end.record()
-                end.synchronize()
-                out[k].append(start.elapsed_time(end))
-            else:
-                t0 = time.perf_counter()
-                fn()
-                out[k].append((time.perf_counter() - t0) * 1e3)
-    return out
-
-
-def paired_ratio(ms: list[float], dense_ms: list[float]) -> tuple[float, list[float]]:
-    """-> (median, [first quartile, third quartile]) of the per-round ratios ms / dense_ms."""
-    ratios = [a / b for a, b in zip(ms, dense_ms, strict=True)]
-    if len(ratios) == 1:
-        return ratios[0], ratios * 2
-    q1, _, q3 = statistics.quantiles(ratios, n=4, method="inclusive")
-    return statistics.median(ratios), [q1, q3]
-
-
 def peak_mb(fn, device) -> float | None:
     """GPU memory the call adds on top of what exists before it (activations, grads,
     scratch). None on a CPU, which has no allocator statistics."""
@@ -368,28 +331,6 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, list[str]]:
         return args
 
     return parse_with_defaults(p, argv, resolved, NOT_RESULTS)
-
-
-def parse_with_defaults(parser, argv, resolved, not_results
-                        ) -> tuple[argparse.Namespace, list[str]]:
-    """-> (arguments resolved for their device, the flags whose values differ from that
-    device's defaults, except `not_results`). Also used by scripts/bench_train.py."""
-    args = resolved(parser.parse_args(argv))
-    defaults = resolved(parser.parse_args(["--device", args.device]))
-    return args, ["--" + k.replace("_", "-") for k, v in vars(args).items()
-                  if k not in not_results and v != getattr(defaults, k)]
-
-
-def out_path(name: str, changed: list[str]) -> Path:
-    """benchmarks/NAME for a run with the device's defaults, which the committed results come
-    from; runs/bench/NAME (git-ignored) for any other, so that a quick run cannot overwrite
-    them. Also used by scripts/bench_train.py."""
-    if not changed:
-        return ROOT / "benchmarks" / name
-    path = ROOT / "runs" / "bench" / name
-    print(f"not the defaults ({', '.join(changed)}): writing {path}, not benchmarks/{name} "
-          "(--out to choose)")
-    return path
 
 
 def main(argv=None) -> dict:

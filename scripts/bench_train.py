@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from models.ffn.dense import DenseConfig  # noqa: E402
 from models.ffn.sigma_moe import SigmaMoEConfig  # noqa: E402
 from models.transformer_xl import TransformerXL, TransformerXLConfig, n_params  # noqa: E402
-from scripts.bench_moe import (  # noqa: E402
+from scripts.bench_common import (  # noqa: E402
     DTYPES,
     device_slug,
     out_path,

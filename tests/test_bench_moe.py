@@ -4,7 +4,7 @@ import argparse
 import pytest
 import torch
 
-from scripts import bench_moe
+from scripts import bench_common, bench_moe
 
 
 def test_flops_match_the_paper_ratio():
@@ -77,7 +77,7 @@ def test_flags_that_change_the_results(argv, changed):
 
 
 def test_only_the_default_run_writes_benchmarks(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(bench_moe, "ROOT", tmp_path)
+    monkeypatch.setattr(bench_common, "ROOT", tmp_path)
     assert bench_moe.out_path("moe_cpu.json", []) == tmp_path / "benchmarks" / "moe_cpu.json"
     # a quick run (no sweeps, no target case, given peaks: nothing is timed) goes elsewhere
     quick = ["--device", "cpu", "--sweeps", "--no-target", "--peak-tflops", "1",

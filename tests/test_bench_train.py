@@ -5,7 +5,7 @@ import statistics
 import pytest
 import torch
 
-from scripts import bench_moe, bench_train
+from scripts import bench_common, bench_train
 
 
 def test_bench_train_cpu_mini(tmp_path):
@@ -35,7 +35,7 @@ def test_flags_that_change_the_results(argv, changed):
 
 
 def test_only_the_default_run_writes_benchmarks(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(bench_moe, "ROOT", tmp_path)
+    monkeypatch.setattr(bench_common, "ROOT", tmp_path)
     row = {"batch": 16, "moe_over_dense_time": 0.8, "moe_over_dense_quartiles": [0.7, 0.9],
            **{k: {"peak_mb": None, "n_params": 1, "ms": 1.0, "tokens_per_s": 1.0}
               for k in ("dense", "sigma_moe")}}

@@ -1,0 +1,79 @@
+"""What scripts/bench_moe.py and scripts/bench_train.py share: dtypes, device sync, interleaved
+timing with paired ratios, the flags that make a run "not the defaults", and where results
+go. torch only (the GPU machines have no Hydra)."""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def device_slug(name: str) -> str:
+    """'NVIDIA H100 80GB HBM3' -> 'nvidia_h100_80gb_hbm3': benchmark JSON file names."""
+    return "".join(ch if ch.isalnum() else "_" for ch in name.lower()).strip("_")
+
+
+def time_all(fns: dict, device: str, warmup: int, reps: int) -> dict[str, list[float]]:
+    """Interleaved runs (every variant once per round), so a load change on a shared
+    machine hits all variants alike. -> name -> list of milliseconds."""
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    sync(device)
+    out = {k: [] for k in fns}
+    for _ in range(reps):
+        for k, fn in fns.items():
+            if device == "cuda":
+                start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
+                start.record()
+                fn()
+                end.record()
+                end.synchronize()
+                out[k].append(start.elapsed_time(end))
+            else:
+                t0 = time.perf_counter()
+                fn()
+                out[k].append((time.perf_counter() - t0) * 1e3)
+    return out
+
+
+def paired_ratio(ms: list[float], dense_ms: list[float]) -> tuple[float, list[float]]:
+    """-> (median, [first quartile, third quartile]) of the per-round ratios ms / dense_ms."""
+    ratios = [a / b for a, b in zip(ms, dense_ms, strict=True)]
+    if len(ratios) == 1:
+        return ratios[0], ratios * 2
+    q1, _, q3 = statistics.quantiles(ratios, n=4, method="inclusive")
+    return statistics.median(ratios), [q1, q3]
+
+
+def parse_with_defaults(parser, argv, resolved, not_results
+                        ) -> tuple[argparse.Namespace, list[str]]:
+    """-> (arguments resolved for their device, the flags whose values differ from that
+    device's defaults, except `not_results`)."""
+    args = resolved(parser.parse_args(argv))
+    defaults = resolved(parser.parse_args(["--device", args.device]))
+    return args, ["--" + k.replace("_", "-") for k, v in vars(args).items()
+                  if k not in not_results and v != getattr(defaults, k)]
+
+
+def out_path(name: str, changed: list[str]) -> Path:
+    """benchmarks/NAME for a run with the device's defaults, which the committed results come
+    from; runs/bench/NAME (git-ignored) for any other, so that a quick run cannot overwrite
+    them."""
+    if not changed:
+        return ROOT / "benchmarks" / name
+    path = ROOT / "runs" / "bench" / name
+    print(f"not the defaults ({', '.join(changed)}): writing {path}, not benchmarks/{name} "
+          "(--out to choose)")
+    return path
