@@ -40,8 +40,6 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from scripts.run_results import (  # noqa: E402
     by_experiment,
-    code_versions,
-    data_versions,
     find_runs,
     fmt_metric,
     markdown_notes,
@@ -51,6 +49,7 @@ from scripts.run_results import (  # noqa: E402
     real,
     run_roots,
 )
+from scripts.run_versions import code_versions, data_versions  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 T_MIN = 2.0  # |t| needed for "beats"

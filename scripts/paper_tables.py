@@ -44,8 +44,6 @@ from scripts.run_results import (  # noqa: E402
     Run,
     Skipped,
     by_experiment,
-    code_versions,
-    data_versions,
     find_runs,
     fmt_metric,
     markdown_notes,
@@ -56,6 +54,7 @@ from scripts.run_results import (  # noqa: E402
     run_roots,
     wandb_runs,
 )
+from scripts.run_versions import code_versions, data_versions  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 VALID_SPLIT_DATASETS = {"c4", "pes2o"}

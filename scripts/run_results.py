@@ -21,14 +21,13 @@ counts when its directory shows no other overrides, with a warning on stderr. wa
 count when finished, read from the config/summary tasks/lm_run.py logs; wandb has no
 `config_hash`, so their logged config itself is compared with the experiment's.
 
-The hash says which config a run trained, not which code: `code_versions` lists, under a
+The hash says which config a run trained, not which code: scripts/run_versions.py lists, under a
 table, the versions of the code (framework/code_version.py) that trained its counted runs
 when they are not all the current one; `data_versions` lists the versions of a dataset's
 tokens (the sha256s a run records) when its counted runs read more than one.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
@@ -356,51 +355,6 @@ def by_experiment(runs: list[Run]) -> dict[str, list[Run]]:
     return out
 
 
-# -- which code trained them -----------------------------------------------------------------
-MIXED = "mixed"
-CODE_HEADING = ("Code versions (framework/code_version.py; a run of other code than the current "
-                "one may differ from what it trains now: retrain it with `fresh=true` if the "
-                "change matters):")
-
-
-def code_label(code: Any) -> str | None:
-    """The code version that trained a run: its fingerprint, MIXED when a resume changed it,
-    None when the run did not record it."""
-    if not isinstance(code, dict) or not code.get("trained_with"):
-        return None
-    versions = set(code["trained_with"])
-    return MIXED if len(versions) > 1 else versions.pop()
-
-
-def code_versions(runs: Iterable[Run], current: str | None = None) -> list[str]:
-    """Which versions of the code trained `runs`, one line each (under CODE_HEADING); []
-    when the current code trained them all. The most common version gets a count, every
-    other one names its runs: the ones to check."""
-    from framework.code_version import code_fingerprint
-
-    current = current or code_fingerprint()
-    groups: dict[str | None, list[Run]] = {}
-    for run in runs:
-        groups.setdefault(code_label(run.code), []).append(run)
-    if set(groups) <= {current}:
-        return []
-    lines = []
-    for i, (label, members) in enumerate(sorted(groups.items(), key=lambda kv: -len(kv[1]))):
-        if label is None:
-            head = "not recorded (trained before runs recorded their code)"
-        elif label == MIXED:
-            head = "several (resumed with other code; results.json `code.trained_with`)"
-        else:
-            gits = sorted({str(r.code.get("git")) for r in members if r.code.get("git")})
-            notes = ([f"git {', '.join(gits)}"] if gits else []) + \
-                (["the current code"] if label == current else [])
-            head = label + (f" ({'; '.join(notes)})" if notes else "")
-        n = len(members)
-        lines.append(f"{head}: " + (f"{n} run{'s' if n > 1 else ''}" if i == 0
-                                    else _named(members)))
-    return lines
-
-
 def print_out(text: str) -> None:
     """Writes a report to stdout; one that cannot take it (`> tables.md` on a full disk) is
     one line, not a traceback (nor a second one when Python flushes stdout at exit)."""
@@ -412,50 +366,13 @@ def print_out(text: str) -> None:
         sys.exit(f"error: cannot write the output: {e.strerror or e}")
 
 
-# -- which tokens they read ------------------------------------------------------------------
-DATA_HEADING = ("Data versions (results.json `data`: runs of one dataset that read other tokens, "
-                "e.g. from another SentencePiece model, are not comparable: train them on one "
-                "cache):")
-
-
-def data_label(data: Any) -> str | None:
-    """The tokens a run read, as 12 hex digits of the sha256s it recorded (its splits and
-    tokenizer); None when the run did not record them."""
-    sha = data.get("sha256") if isinstance(data, dict) else None
-    if not isinstance(sha, dict) or not sha or None in sha.values():
-        return None
-    return hashlib.sha256(json.dumps(sha, sort_keys=True).encode()).hexdigest()[:12]
-
-
-def data_versions(runs: Iterable[Run]) -> list[str]:
-    """One line per version of a dataset's tokens when the counted `runs` of that dataset
-    read more than one (else []): the most common gets a count, the others name their runs.
-    Runs from before runs recorded their data are left out (they do not name the dataset)."""
-    by_dataset: dict[str, dict[str | None, list[Run]]] = {}
-    for run in runs:
-        if isinstance(run.data, dict):
-            by_dataset.setdefault(str(run.data.get("name")), {}).setdefault(
-                data_label(run.data), []).append(run)
-    lines = []
-    for dataset, groups in sorted(by_dataset.items()):
-        if len(set(groups) - {None}) < 2:
-            continue
-        for i, (label, members) in enumerate(sorted(groups.items(),
-                                                     key=lambda kv: -len(kv[1]))):
-            entry = members[0].data.get("cache_entry")
-            head = (f"{dataset} {label}" + (f" ({entry})" if entry else "") if label else
-                    f"{dataset}, sha256 not recorded")
-            n = len(members)
-            lines.append(f"{head}: " + (f"{n} run{'s' if n > 1 else ''}" if i == 0
-                                        else _named(members)))
-    return lines
-
-
 def markdown_notes(missing_heading: str, missing: list[str], not_counted: list[str],
                    code: list[str], data: list[str] = ()) -> list[str]:
     """The lists under a Markdown table: the commands of its missing runs, the runs not
     counted (why), the code and data versions of the counted ones; each only when it has
     lines."""
+    from scripts.run_versions import CODE_HEADING, DATA_HEADING  # it imports this module
+
     lines = []
     for heading, items in ((missing_heading, [f"`{cmd}`" for cmd in missing]),
                            ("Not counted:", not_counted), (CODE_HEADING, code),
@@ -463,15 +380,6 @@ def markdown_notes(missing_heading: str, missing: list[str], not_counted: list[s
         if items:
             lines += ["", heading, *[f"- {item}" for item in items]]
     return lines
-
-
-def _named(runs: list[Run]) -> str:
-    """'a seeds 0, 1; b seed 2'."""
-    seeds: dict[str, list[str]] = {}
-    for run in runs:
-        seeds.setdefault(run.name, []).append(str(run.seed))
-    return "; ".join(f"{name} seed{'s' if len(s) > 1 else ''} {', '.join(s)}"
-                     for name, s in seeds.items())
 
 
 # -- seeds of one cell -----------------------------------------------------------------------

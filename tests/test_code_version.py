@@ -7,7 +7,8 @@ import pytest
 
 from framework.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
 from framework.code_version import UNRECORDED, code_fingerprint, git_commit
-from scripts.run_results import MIXED, Run, code_label, code_versions
+from scripts.run_results import Run
+from scripts.run_versions import MIXED, code_label, code_versions
 from tasks import TASKS
 from tests.helpers import TINY, TINY_MOE, compose_cfg, interrupt_after_first_checkpoint
 

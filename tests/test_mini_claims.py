@@ -15,7 +15,7 @@ from framework.code_version import code_fingerprint, code_version
 from framework.experiment import run_hashes
 from scripts import mini_claims
 from scripts.mini_claims import Claim, check_claims, compare, verdict
-from scripts.run_results import CODE_HEADING
+from scripts.run_versions import CODE_HEADING
 from tests.helpers import compose_cfg, compose_sweep, jobs, load
 
 ROOT = Path(__file__).resolve().parent.parent

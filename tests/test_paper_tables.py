@@ -15,7 +15,7 @@ from framework.experiment import run_hashes
 from models.ffn.dense import DenseConfig
 from models.ffn.experts import ExpertsConfig
 from models.flops import ffn_flops, relative_ffn_flops
-from scripts import make_sweeps, paper_tables, plot_bench, run_results
+from scripts import make_sweeps, paper_tables, plot_bench, run_results, run_versions
 from scripts.flops_table import config_relative_flops
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -140,11 +140,11 @@ def test_runs_of_other_code_are_named(tiny, tmp_path):
     runs = tmp_path / "runs"
     shutil.copytree(root / "runs", runs)
     args = ["--exp-dir", str(root / "exp"), "--runs", str(runs), "--table", "dense"]
-    assert run_results.CODE_HEADING not in paper_tables.main(args)  # all by this code
+    assert run_versions.CODE_HEADING not in paper_tables.main(args)  # all by this code
     old = {"fingerprint": "0ld0ld0ld0ld", "git": "1234567", "trained_with": ["0ld0ld0ld0ld"]}
     fake_run(runs / "tiny_dense" / "trainer.seed=2", root / "exp", 2, 3.2, code=old)
     text = paper_tables.main(args)
-    lines = text.split(run_results.CODE_HEADING + "\n")[1].splitlines()
+    lines = text.split(run_versions.CODE_HEADING + "\n")[1].splitlines()
     assert lines[0].startswith(f"- {code_fingerprint()} (") and lines[0].endswith(": 2 runs")
     assert lines[1:] == ["- 0ld0ld0ld0ld (git 1234567): tiny_dense seed 2"]
     latex = paper_tables.main([*args, "--format", "latex"])
@@ -168,10 +168,10 @@ def test_runs_that_read_other_tokens_are_named(tiny, tmp_path):
                              (5, None, "/c/old")):
         fake_run(runs / "tiny_dense" / f"trainer.seed={seed}", root / "exp", seed, 3.2,
                  data=data(sha, entry))
-    label = lambda sha: run_results.data_label(data(sha, ""))
+    label = lambda sha: run_versions.data_label(data(sha, ""))
     assert len(label("a")) == 12 and label("a") != label("b") and label(None) is None
     text = paper_tables.main(args)
-    lines = text.split(run_results.DATA_HEADING + "\n")[1].splitlines()
+    lines = text.split(run_versions.DATA_HEADING + "\n")[1].splitlines()
     assert lines == [f"- wt103 {label('a')} (/c/one): 2 runs",
                      f"- wt103 {label('b')} (/c/two): tiny_dense seed 4",
                      "- wt103, sha256 not recorded: tiny_dense seed 5"]
@@ -180,7 +180,7 @@ def test_runs_that_read_other_tokens_are_named(tiny, tmp_path):
     for seed in (4, 5):
         shutil.rmtree(runs / "tiny_dense" / f"trainer.seed={seed}")
     # one version: nothing to say
-    assert run_results.DATA_HEADING not in paper_tables.main(args)
+    assert run_versions.DATA_HEADING not in paper_tables.main(args)
 
 
 def test_which_runs_count(tiny, tmp_path, capsys):

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from scripts import paper_tables, run_results
+from scripts import paper_tables, run_results, run_versions
 from tests.test_paper_tables import fake_run, write_exp
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -159,4 +159,4 @@ def test_wandb_summaries_become_plain_dicts():
     data = Sub({"name": "c4", "sha256": Sub({"train": "a", "valid": "b"}), "l": (Sub({}),)})
     got = run_results.plain(data)
     assert got == {"name": "c4", "sha256": {"train": "a", "valid": "b"}, "l": [{}]}
-    assert run_results.data_label(got) is not None
+    assert run_versions.data_label(got) is not None
