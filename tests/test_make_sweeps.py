@@ -70,3 +70,10 @@ def test_output_to_a_full_disk_is_one_line():
                              timeout=60)
     assert (out.returncode, out.stderr) == (
         1, "error: cannot write the output: No space left on device\n")
+
+
+def test_make_sweeps_check_and_list_exclude_each_other(capsys):
+    """(scripts/make_sweeps.py writes the sweeps whose commands the tables print.)"""
+    with pytest.raises(SystemExit) as e:  # --list alone would not check anything
+        make_sweeps.main(["--check", "--list", "moe"])
+    assert e.value.code == 2 and "not allowed with argument --check" in capsys.readouterr().err
