@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 import torch
+from tqdm import tqdm
 
 CKPT_RE = re.compile(r"^checkpoint_(\d{8})\.pt$")
 
@@ -65,12 +66,16 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
         f.write(data)
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+def file_sha256(path: Path, desc: str = "") -> str:
+    """sha256 of a file, read in 16 MB blocks; with `desc`, a progress bar (GBs of a cache)."""
+    sha = hashlib.sha256()
+    with open(path, "rb") as f, tqdm(total=path.stat().st_size, unit="B", unit_scale=True,
+                                     desc=desc, disable=None if desc else True,
+                                     leave=False) as bar:
+        while block := f.read(1 << 24):
+            sha.update(block)
+            bar.update(len(block))
+    return sha.hexdigest()
 
 
 def checkpoint_path(run_dir: Path, step: int) -> Path:
@@ -82,7 +87,7 @@ def save_checkpoint(run_dir: Path, step: int, state: dict[str, Any], keep: int =
     path = checkpoint_path(run_dir, step)
     with _atomic_open(path) as f:
         torch.save(state, f)
-    atomic_write_bytes(path.with_suffix(".pt.sha256"), _sha256(path).encode())
+    atomic_write_bytes(path.with_suffix(".pt.sha256"), file_sha256(path).encode())
     others = [p for p in list_checkpoints(run_dir) if p != path]  # never the new one
     for old in others[:max(0, len(others) - (keep - 1))] if keep > 0 else []:
         old.unlink(missing_ok=True)
@@ -103,7 +108,7 @@ class CheckpointError(RuntimeError):
 
 def load_checkpoint(path: Path) -> dict[str, Any]:
     sidecar = path.with_suffix(".pt.sha256")
-    if sidecar.exists() and _sha256(path) != sidecar.read_text().strip():
+    if sidecar.exists() and file_sha256(path) != sidecar.read_text().strip():
         raise CheckpointError(f"{path.name}: checksum mismatch (truncated or corrupt)")
     try:
         return torch.load(path, map_location="cpu", weights_only=False)

@@ -91,15 +91,10 @@ def runnable_backend(model_cfg, dev):
 
     import torch
 
-    import kernels
-    from models.ffn.experts import ExpertsConfig
+    from tasks.lm_run import backend_problem
 
     ffn = model_cfg.ffn
-    if not isinstance(ffn, ExpertsConfig) or ffn.backend == "auto":
-        return model_cfg
-    x_TD = torch.empty(1, ffn.d_model, device=dev)  # the evaluation: float32, no dropout
-    problem = kernels.backend_problem(ffn.backend, x_TD, x_TD.new_empty(1, ffn.d_model,
-                                                                        ffn.expert_size))
+    problem = backend_problem(ffn, dev, torch.float32)  # the evaluation: float32, no dropout
     if problem is None:
         return model_cfg
     print(f"note: ffn.backend={ffn.backend} cannot run on {dev} ({problem}): analysing with "

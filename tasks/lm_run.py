@@ -102,7 +102,7 @@ def run(cfg: dict[str, Any], run_dir: Path) -> dict[str, Any] | None:
     if device.type == "cuda" and dist_info.enabled:  # init_distributed made it current
         device = torch.device("cuda", dist_info.local_rank)
     elif device.type == "cuda" and device.index is not None:
-        torch.cuda.set_device(device)  # Triton launches on the current device, not the tensors
+        torch.cuda.set_device(device)  # what defaults to the current device means this one
     if dist_info.is_main:
         check_writable(run_dir)
         # a resumed run keeps the config it started with; an eval writes no config (it
@@ -186,18 +186,25 @@ def data_line(record: dict[str, Any]) -> str:
             f"{record['train_epochs']:g} epochs of train | {where}")
 
 
+def backend_problem(ffn, device: torch.device, dtype: torch.dtype,
+                    dropout: bool = False) -> str | None:
+    """Why an FFN's fixed `ffn.backend` cannot run on `device` in `dtype` (None: it can, or
+    the FFN has no expert kernel, or `auto` picks one that can)."""
+    if not isinstance(ffn, ExpertsConfig) or ffn.backend == "auto":
+        return None
+    x_TD = torch.empty(1, ffn.d_model, device=device, dtype=dtype)
+    w1_EDG = torch.empty(1, ffn.d_model, ffn.expert_size, device=device, dtype=dtype)
+    return kernels.backend_problem(ffn.backend, x_TD, w1_EDG, dropout)
+
+
 def check_backend(model_cfg, device: torch.device, dtype: torch.dtype) -> None:
     """A fixed ffn.backend that cannot run here stops before anything is written (the layer
     would only fail in its first forward, or its first evaluation, with a traceback).
     Training computes in `dtype`, with hidden dropout; evaluation in float32, without."""
     ffn = model_cfg.ffn
-    if not isinstance(ffn, ExpertsConfig) or ffn.backend == "auto":
-        return
-    for phase, dt, dropout in (("training", dtype, ffn.hidden_dropout > 0),
+    for phase, dt, dropout in (("training", dtype, getattr(ffn, "hidden_dropout", 0) > 0),
                                ("evaluation", torch.float32, False)):
-        x_TD = torch.empty(1, ffn.d_model, device=device, dtype=dt)
-        w1_EDG = torch.empty(1, ffn.d_model, ffn.expert_size, device=device, dtype=dt)
-        problem = kernels.backend_problem(ffn.backend, x_TD, w1_EDG, dropout)
+        problem = backend_problem(ffn, device, dt, dropout)
         if problem is not None:
             raise ConfigError(f"ffn.backend={ffn.backend} cannot run the {phase} on {device} "
                               f"({dt}): {problem}; ffn.backend=auto picks one that can")

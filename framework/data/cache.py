@@ -42,8 +42,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from tqdm import tqdm
 
+from framework.checkpoint import file_sha256
 from framework.data.base import DataError
 
 ENV_CACHE = "SIGMA_MOE_CACHE"
@@ -62,18 +62,6 @@ def digest(obj: Any) -> str:
     """A short stable hash of a JSON-able object (dict key order does not matter)."""
     text = json.dumps(obj, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
-def file_sha256(path: Path, desc: str = "") -> str:
-    """sha256 of a file, read in 16 MB blocks (with a progress bar when `desc`)."""
-    sha = hashlib.sha256()
-    with open(path, "rb") as f, tqdm(total=path.stat().st_size, unit="B", unit_scale=True,
-                                     desc=desc, disable=None if desc else True,
-                                     leave=False) as bar:
-        while block := f.read(1 << 24):
-            sha.update(block)
-            bar.update(len(block))
-    return sha.hexdigest()
 
 
 def files_fingerprint(paths: list[Path]) -> list[list[Any]]:
