@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from contextlib import nullcontext
 from pathlib import Path
 
 import yaml
@@ -74,19 +73,25 @@ def main(argv: list[str] | None = None) -> int:
                   f"nothing to verify")
             return 0
         t0 = time.time()
-        with prepared_only() if verify else nullcontext():  # --verify builds nothing
+        if verify:  # the entry as prepared: nothing built, nothing loaded (a C4 prefix's hash)
+            with prepared_only():
+                entry = cls.entry(cfg)
+            problems, made = entry.verify(), entry.manifest
+            sizes = {split: info["length"] for split, info in made["arrays"].items()}
+            vocab, metric = made["vocab_size"], made["metric"]
+        else:
             data = cls.load(cfg)
             entry = cls.entry(cfg) if hasattr(cls, "entry") else None
-        problems = entry.verify() if verify else []
+            problems, sizes = [], {split: len(a) for split, a in data.splits.items()}
+            vocab, metric = data.vocab_size, data.metric
     except (ConfigError, ValueError, DataError, OSError) as e:
         if isinstance(e, OSError) and not is_environment_error(e):
             raise
         print(f"error: {e}", file=sys.stderr)
         return 1
     where = f" in {entry.path}" if entry is not None else ""
-    sizes = ", ".join(f"{s} {len(a):,}" for s, a in data.splits.items())
-    print(f"{name}: {sizes} tokens, vocab {data.vocab_size}, metric {data.metric}"
-          f"{where} ({time.time() - t0:.1f} s)")
+    print(f"{name}: {', '.join(f'{s} {n:,}' for s, n in sizes.items())} tokens, vocab {vocab}, "
+          f"metric {metric}{where} ({time.time() - t0:.1f} s)")
     for problem in problems:
         print(f"error: {entry.path}: {problem}", file=sys.stderr)
     if problems:
