@@ -113,7 +113,7 @@ def resolve_device(name: str):
         raise ConfigError(str(e).replace("trainer.device=", "--device ")) from None
 
 
-def load_run(run: dict[str, Any]) -> dict[str, Any]:
+def load_run(run: dict[str, Any], datasets: dict[str, Any]) -> dict[str, Any]:
     """The run with its data and model (on the CPU, the checkpoint loaded), for every run
     before the first evaluation: a checkpoint that does not load or does not fit config.yaml,
     a dataset not prepared on this machine."""
@@ -135,7 +135,8 @@ def load_run(run: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(state, dict) or "model" not in state:
         raise CheckpointError(f"{path}: no model weights (not a checkpoint run.py writes); "
                               f"pass a run directory or a checkpoint_*.pt in one")
-    data = load_data(run["cfg"])
+    key = json.dumps(run["cfg"]["dataset"], sort_keys=True)  # seeds of one experiment: once
+    data = datasets[key] = datasets.get(key) or load_data(run["cfg"])
     model = TransformerXL(dataclasses.replace(run["model_cfg"], vocab_size=data.vocab_size))
     try:
         model.load_state_dict(state["model"])
@@ -349,7 +350,8 @@ def analyze_all(ap: argparse.ArgumentParser, args: argparse.Namespace) -> list[P
             ap.error(f"--layer {args.layer}: the runs have layers 1..{n_layers}")
     out = args.out or configs[0]["run_dir"] / "analysis" / args.split  # splits side by side
     check_writable(out)
-    loaded = [load_run(c) for c in configs]
+    datasets: dict[str, Any] = {}
+    loaded = [load_run(c, datasets) for c in configs]
     runs = [analyze(r, dev, args.split, args.max_segments) for r in loaded]
     labels = [r["label"] for r in runs]
     for i, r in enumerate(runs):  # two seeds of one experiment: tell them apart
