@@ -170,9 +170,13 @@ def test_a_failing_job_is_one_line_under_the_local_launcher(tmp_path):
     assert len(logs) == 2
     assert any("mini_enwik_switch [ffn.n_experts=2]: 0.65M parameters" in t
                for t in logs.values())
-    launched, error, summary = out.stderr.strip().splitlines()
+    # the jobs are reported as they finish (either may be first), the failed one only once
+    launched, *finished, summary = out.stderr.strip().splitlines()
     assert launched.startswith("launched 2 local jobs; their logs: ") and \
         launched.endswith("/.submitit/%j (%j: the job id)")
+    done, error = sorted(finished)
+    assert done == "done 2/2: +exp=mini_enwik_switch ffn.n_experts=2 mode=params" or \
+        done == "done 1/2: +exp=mini_enwik_switch ffn.n_experts=2 mode=params"
     failed = re.fullmatch(
         r"error: ffn.k=4 must be between 1 and ffn.n_experts=2: lower ffn.k or raise "
         r"ffn.n_experts \[job \+exp=mini_moe ffn.n_experts=2 mode=params; log (\S+)\]", error)
@@ -199,8 +203,8 @@ class FakeJob:
             self.paths.result_pickle.write_bytes(b"")
         self.result, self.raises, self.asked = result, raises, False
 
-    def wait(self):
-        pass
+    def done(self):
+        return True
 
     def results(self):
         self.asked = True
@@ -213,9 +217,12 @@ def test_the_launchers_report_each_kind_of_failure(tmp_path, monkeypatch, capsys
     from submitit.core.utils import UncompletedJobError
 
     from framework import cli
-    from hydra_plugins.sigma_moe_launchers import _Settled
+    from hydra_plugins.sigma_moe_launchers import _Sweep
 
     monkeypatch.setattr(cli, "FAILED_JOBS", [])
+
+    def settled(job, overrides):  # what the plugin reads of a sweep of this one job
+        return _Sweep(poll_s=0).add(job, overrides).results()
 
     def job_return(status, value):
         ret = JobReturn()
@@ -224,7 +231,8 @@ def test_the_launchers_report_each_kind_of_failure(tmp_path, monkeypatch, capsys
 
     done = job_return(JobStatus.COMPLETED, 3.5)
     for i, log in enumerate(["some warning\n", "error: printed, but the job finished\n"]):
-        assert _Settled(FakeJob(tmp_path / f"ok{i}", log, done), ["+exp=a"]).results() == [done]
+        assert settled(FakeJob(tmp_path / f"ok{i}", log, done), ["+exp=a"]) == [done]
+    assert capsys.readouterr().err == "done 1/1: +exp=a\n" * 2  # (stderr is no terminal)
     no_result = AssertionError("not asked: no result comes after an error line")
     bar = "train:   0%|          | 2/900 [00:01<09:00]"
     cases = [  # job, what its line says, its log file
@@ -245,11 +253,41 @@ def test_the_launchers_report_each_kind_of_failure(tmp_path, monkeypatch, capsys
          "ValueError: bad value", "err"),
     ]
     for i, (job, line, log) in enumerate(cases):
-        assert _Settled(job, [f"+exp=e{i}", "trainer.seed=0"]).results() == [None]
+        assert settled(job, [f"+exp=e{i}", "trainer.seed=0"]) == [None]
         assert capsys.readouterr().err == (
             f"error: {line} [job +exp=e{i} trainer.seed=0; log {tmp_path / str(i)}/7_0_log."
             f"{log}]\n")
     assert cli.FAILED_JOBS == [f"+exp=e{i} trainer.seed=0" for i in range(len(cases))]
+
+
+@pytest.mark.parametrize("terminal", [False, True])
+def test_a_sweep_reports_each_job_as_it_finishes(tmp_path, monkeypatch, capsys, terminal):
+    """A failure is reported when it happens, not after the jobs submitted before it; the
+    sweep's progress is a bar on a terminal, a `done i/N` line per finished job in a log."""
+    from framework import cli
+    from hydra_plugins.sigma_moe_launchers import _Sweep
+
+    monkeypatch.setattr(cli, "FAILED_JOBS", [])
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: terminal)
+    ok = JobReturn()
+    ok.status, ok.return_value = JobStatus.COMPLETED, 1.0
+    slow = FakeJob(tmp_path / "slow", "", ok)
+    looks = iter([False, False, True])  # still running at the first two looks
+    slow.done = lambda: next(looks)
+    fails = FakeJob(tmp_path / "fails", "error: diverged at step 3\n",
+                    raises=AssertionError("no result comes after an error line"))
+    sweep = _Sweep(poll_s=0)
+    jobs = [sweep.add(slow, ["+exp=a"]), sweep.add(fails, ["+exp=b"])]
+    assert jobs[0].results() == [ok]  # the plugin reads them in submission order
+    err = capsys.readouterr().err
+    assert jobs[1].results() == [None] and capsys.readouterr().err == ""
+    error = f"error: diverged at step 3 [job +exp=b; log {tmp_path}/fails/7_0_log.err]"
+    if terminal:
+        assert error in err and "sweep: 100%" in err and "2/2" in err and "1 failed" in err
+        assert err.index(error) < err.index("sweep: 100%") and "done" not in err
+    else:
+        assert err.splitlines() == [error, "done 2/2: +exp=a"]
+    assert cli.FAILED_JOBS == ["+exp=b"]
 
 
 def test_ctrl_c_while_waiting_for_slurm_jobs_is_one_line(monkeypatch, capsys, srun_here):
@@ -259,7 +297,7 @@ def test_ctrl_c_while_waiting_for_slurm_jobs_is_one_line(monkeypatch, capsys, sr
         def __init__(self, job_id):
             self.job_id = job_id
 
-        def wait(self):
+        def done(self):
             raise KeyboardInterrupt
 
     monkeypatch.setattr(submitit.AutoExecutor, "map_array",

@@ -3,9 +3,11 @@
 The plugin waits for the jobs in submission order and re-raises the first failure as
 submitit's exception: about 26 lines of traceback with the job's own one-line error at the
 end, and the later jobs' outcomes never read. These launchers wait for every job, print one
-`error: ... [job <overrides>; log <its log file>]` line per failed job, and leave the exit
-code to run.py (`framework.cli.exit_if_jobs_failed`), as a sweep under the basic launcher
-does. A job that fails ends its log with such a line (framework.cli's handle_errors).
+`error: ... [job <overrides>; log <its log file>]` line per failed job as it fails, and leave
+the exit code to run.py (`framework.cli.exit_if_jobs_failed`), as a sweep under the basic
+launcher does. A job that fails ends its log with such a line (framework.cli's
+handle_errors). While they wait they show the sweep's progress: a bar on a terminal, a
+`done i/N: <overrides>` line per finished job in a log file.
 
 Hydra instantiates launchers from the `hydra_plugins` namespace package only, hence this
 package; it registers their configs as `slurm_base` and `local_base`, which
@@ -15,6 +17,7 @@ discovery), so it imports nothing heavy at the top.
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -50,16 +53,22 @@ class _Settled:
     """A submitted job as the plugin reads it (`job.results()[0]`), except that a failure is
     reported (and None returned) instead of raised: the plugin then reads every job."""
 
-    def __init__(self, job: Any, overrides: Sequence[str]):
-        self.job, self.label = job, " ".join(filter_overrides(overrides))
+    def __init__(self, job: Any, overrides: Sequence[str], sweep: _Sweep):
+        self.job, self.label, self.sweep = job, " ".join(filter_overrides(overrides)), sweep
+        self.outcome: list[JobReturn | None] | None = None  # set once it has finished
 
     def results(self) -> list[JobReturn | None]:
+        self.sweep.wait_for(self)
+        return self.outcome
+
+    def settle(self) -> bool:
+        """Read the finished job's outcome; report it if it failed. -> whether it did."""
         from submitit.core.utils import UncompletedJobError
+        from tqdm import tqdm
 
         from framework.cli import report_failed_job
         from framework.config import first_line
 
-        self.job.wait()
         path, log = log_tail(self.job)
         line = said(log)
         # A job with a result file finished (or submitit caught its exception). One without
@@ -76,14 +85,58 @@ class _Settled:
                                      (f"; its log ends: {last}" if last else ""))
             else:
                 if ret.status != JobStatus.FAILED:
-                    return [ret]
+                    self.outcome = [ret]
+                    return False
                 e = ret._return_value  # return_value would raise it
                 line = f"{type(e).__name__}: {first_line(e)}"
-        report_failed_job(line, self.label, f"log {path}")
-        return [None]
+        with tqdm.external_write_mode(file=sys.stderr):  # the sweep's bar out of the way
+            report_failed_job(line, self.label, f"log {path}")
+        self.outcome = [None]
+        return True
+
+
+class _Sweep:
+    """The submitted jobs, settled as they finish (in any order: a failure is reported when
+    it happens, not after the jobs submitted before it), with the sweep's progress on stderr.
+    `job.done()` is cheap: a stat of the result file, and submitit's own rate-limited sacct."""
+
+    def __init__(self, poll_s: float):
+        self.jobs: list[_Settled] = []
+        self.poll_s, self.finished, self.failed, self.bar = poll_s, 0, 0, None
+
+    def add(self, job: Any, overrides: Sequence[str]) -> _Settled:
+        self.jobs.append(_Settled(job, overrides, self))
+        return self.jobs[-1]
+
+    def wait_for(self, job: _Settled) -> None:
+        from tqdm import tqdm
+
+        if self.bar is None:  # a bar on a terminal; into a log file, a line per job (below)
+            self.bar = tqdm(total=len(self.jobs), desc="sweep", unit="job", file=sys.stderr,
+                            dynamic_ncols=True, disable=not sys.stderr.isatty())
+        while job.outcome is None:
+            done = [j for j in self.jobs if j.outcome is None and j.job.done()]
+            for j in done:
+                failed = j.settle()  # a failure says so itself, in one line
+                self.finished, self.failed = self.finished + 1, self.failed + failed
+                self.bar.set_postfix_str(f"{self.failed} failed" if self.failed else "",
+                                         refresh=False)
+                self.bar.update()
+                if self.bar.disable and not failed:
+                    print(f"done {self.finished}/{len(self.jobs)}: {j.label}", file=sys.stderr)
+            if not done:
+                time.sleep(self.poll_s)
+        if self.finished == len(self.jobs):
+            self.close()
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
 
 
 class _ReportEachJob(plugin.BaseSubmititLauncher):
+    POLL_S = 1.0  # between looks at the jobs that are still running
+
     def launch(self, job_overrides: Sequence[Sequence[str]],
                initial_job_idx: int) -> Sequence[JobReturn]:
         from unittest import mock
@@ -93,11 +146,12 @@ class _ReportEachJob(plugin.BaseSubmititLauncher):
         # The plugin (tested with 1.2.0) builds the executor, submits and reads the results
         # in one method; its jobs are wrapped as they are submitted (map_array's first
         # iterable: the overrides).
-        submit, settled = submitit.AutoExecutor.map_array, []
+        submit = submitit.AutoExecutor.map_array
+        sweep = _Sweep(poll_s=self.POLL_S)
 
         def map_array(executor, fn, *iterables):
-            settled.extend(_Settled(job, overrides) for job, overrides
-                           in zip(submit(executor, fn, *iterables), iterables[0]))
+            settled = [sweep.add(job, overrides) for job, overrides
+                       in zip(submit(executor, fn, *iterables), iterables[0])]
             if settled:  # a sweep that says nothing for an hour looks hung
                 print(f"launched {len(settled)} {self._EXECUTOR} jobs; their logs: "
                       f"{executor.folder} (%j: the job id)", file=sys.stderr)
@@ -107,7 +161,8 @@ class _ReportEachJob(plugin.BaseSubmititLauncher):
             with mock.patch.object(submitit.AutoExecutor, "map_array", map_array):
                 returns = super().launch(job_overrides, initial_job_idx)
         except KeyboardInterrupt:  # one line, not the traceback of submitit's wait loop
-            ids = sorted({str(s.job.job_id).split("_")[0] for s in settled})
+            sweep.close()
+            ids = sorted({str(s.job.job_id).split("_")[0] for s in sweep.jobs})
             running = (f"the Slurm jobs keep running (scancel {' '.join(ids)} stops them); "
                        if self._EXECUTOR == "slurm" and ids else "")
             print(f"interrupted; {running}rerunning the same command skips the finished runs "
@@ -117,7 +172,7 @@ class _ReportEachJob(plugin.BaseSubmititLauncher):
 
 
 class SlurmLauncher(_ReportEachJob, plugin.SlurmLauncher):
-    pass
+    POLL_S = 10.0  # a look is a stat of each job's result file, on a network file system
 
 
 class LocalLauncher(_ReportEachJob, plugin.LocalLauncher):
