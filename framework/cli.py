@@ -36,6 +36,41 @@ def _check_known(kind: str, name: str, names: list[str], n_close: int, listing: 
 def check_experiment(name: str) -> None:
     names = experiment_names()
     _check_known("experiment", name, names, 3, f"See configs/exp/ ({len(names)} experiments).")
+    check_yaml(CONFIGS / "exp" / f"{name}.yaml")
+
+
+def check_yaml(path: Path) -> None:
+    """A config file that is not UTF-8 YAML stops with one line saying where (Hydra raises
+    the parser's traceback, or a UnicodeDecodeError that names no file)."""
+    import yaml
+
+    try:
+        with open(path, encoding="utf-8") as f:  # a stream: the parser's marks name the file
+            yaml.safe_load(f)
+    except (yaml.YAMLError, UnicodeDecodeError) as e:
+        raise unreadable_config(e, path) from None
+
+
+def unreadable_config(e: Exception, path: Path | None = None) -> ConfigError:
+    """One line for a config file that YAML or UTF-8 decoding refused: file:line:column."""
+
+    if isinstance(e, UnicodeDecodeError):
+        if path is None:  # the decoder does not know the file: find it
+            path = next((p for p in sorted(CONFIGS.rglob("*.yaml")) if not _is_utf8(p)), None)
+        return ConfigError(f"{path or 'a config file'} is not UTF-8 text (byte {e.start}: "
+                           f"{e.object[e.start:e.start + 1]!r}): save it as UTF-8")
+    mark = getattr(e, "problem_mark", None)
+    where = f"{mark.name}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
+    what = ": ".join(x for x in (getattr(e, "context", None), getattr(e, "problem", None)) if x)
+    return ConfigError(f"{where}: not valid YAML: {what or first_line(e)}")
+
+
+def _is_utf8(path: Path) -> bool:
+    try:
+        path.read_bytes().decode("utf-8")
+        return True
+    except UnicodeDecodeError:
+        return False
 
 
 def dirname(overrides: str, limit: int = 120) -> str:
@@ -101,6 +136,7 @@ def prepare_argv(argv: list[str]) -> None:
 def check_sweep(name: str) -> None:
     names = sorted(p.stem for p in (CONFIGS / "sweep").glob("*.yaml"))
     _check_known("sweep", name, names, 1, f"The sweeps: {', '.join(names)} (configs/sweep/)")
+    check_yaml(CONFIGS / "sweep" / f"{name}.yaml")
 
 
 def check_launcher(args: list[str], sweep: str | None) -> None:
@@ -173,6 +209,7 @@ def check_sweep_overrides(overrides: list[str]) -> None:
 def check_overrides(overrides: list[str]) -> None:
     """Compose the config once before Hydra does, to turn its several-line answer to a
     mistyped key (which advises `+key=` to add it) into one line with the likely key."""
+    import yaml
     from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException
 
@@ -180,6 +217,8 @@ def check_overrides(overrides: list[str]) -> None:
     try:
         with initialize_config_dir(str(CONFIGS), version_base=None):
             compose("config", overrides=ours)
+    except (yaml.YAMLError, UnicodeDecodeError) as e:  # a group's file (ffn/, model/, ...)
+        raise unreadable_config(e) from None
     except HydraException as e:
         lines = str(e).strip().splitlines()
         first = lines[0]

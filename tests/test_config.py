@@ -155,6 +155,39 @@ def test_override_check_two_bad_keys_and_options_left_to_hydra(capsys):
         prepare_argv(["run.py", *extra, "mode=params"])  # where configs come from: Hydra's
 
 
+@pytest.mark.parametrize("folder,text,error", [
+    ("exp", b"# @package _global_\nname: x\nffn:\n k: 2\n  n_experts: 3\n",
+     "exp/x.yaml:5:12: not valid YAML: mapping values are not allowed here"),
+    ("exp", b"name: x\nffn:\n  k: [1,\n", "exp/x.yaml:4:1: not valid YAML: while parsing "
+     "a flow node: expected the node content, but found '<stream end>'"),
+    ("exp", b"name: caf\xe9\n",
+     "exp/x.yaml is not UTF-8 text (byte 9: b'\\xe9'): save it as UTF-8"),
+    # a group's file, found by Hydra's composition (the decoder names no file: it is found)
+    ("model", b"d_model: 3\n  x: [\n", "model/x.yaml:2:4: not valid YAML: mapping values"),
+    ("model", b"d_model: \xff3\n", "model/x.yaml is not UTF-8 text (byte 9: b'\\xff')"),
+])
+def test_a_config_file_that_is_not_yaml_is_one_line(tmp_path, monkeypatch, capsys, folder,
+                                                    text, error):
+    """A researcher's new experiment file with a YAML slip: file:line:column, not the
+    parser's traceback (with --cfg too, which skips the override check)."""
+    import shutil
+
+    from framework import cli
+
+    configs = tmp_path / "configs"
+    shutil.copytree(cli.CONFIGS, configs)
+    (configs / folder / "x.yaml").write_bytes(text)
+    monkeypatch.setattr(cli, "CONFIGS", configs)
+    argvs = ([["run.py", "+exp=x", "mode=params"], ["run.py", "+exp=x", "--cfg", "job"]]
+             if folder == "exp" else [["run.py", "model=x", "mode=params"]])
+    for argv in argvs:
+        with pytest.raises(SystemExit) as e:
+            cli.prepare_argv(argv)
+        err = capsys.readouterr().err
+        assert e.value.code == 1 and err.startswith(f"error: {configs}/{error}")
+        assert err.count("\n") == 1, err
+
+
 def test_a_full_or_read_only_disk_is_one_line(monkeypatch, capsys):
     """An OSError the user fixes outside the code (a read-only or full disk, a quota, a
     permission) is one line; any other OSError keeps its traceback (it may be a bug)."""
