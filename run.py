@@ -4,8 +4,10 @@ With no `+exp=`, the main job `+exp=mini_moe` runs. Errors a user can fix (confi
 missing data, bad checkpoints, divergence) end with one line and exit code 1.
 """
 import sys
+from pathlib import Path
 
 import hydra
+from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from framework.cli import (
@@ -15,6 +17,7 @@ from framework.cli import (
     prepare_run_dir,
     removable_up_to,
 )
+from framework.config import check_top_level
 from framework.experiment import remove_if_empty
 
 prepare_argv(sys.argv)
@@ -28,12 +31,15 @@ def main(cfg: DictConfig):
 
         console_logging()
         plain = OmegaConf.to_container(cfg, resolve=True)
-        run_dir = prepare_run_dir(plain)
-        if run_dir is None:  # already finished: nothing to do
-            return None
+        run_dir = Path(HydraConfig.get().runtime.output_dir)  # Hydra has created it
         try:
+            check_top_level(plain)
+            chosen = prepare_run_dir(plain, run_dir)
+            if chosen is None:  # already finished: nothing to do
+                return None
+            run_dir = chosen
             return TASKS.get(plain["task"]["kind"])(plain, run_dir)
-        finally:  # mode=params writes nothing: leave no empty dirs
+        finally:  # a failed start, or mode=params, wrote nothing: leave no empty dirs
             remove_if_empty(run_dir, removable_up_to())
 
 

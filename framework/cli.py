@@ -36,17 +36,33 @@ def _check_known(kind: str, name: str, names: list[str], n_close: int, listing: 
 def check_experiment(name: str) -> None:
     names = experiment_names()
     _check_known("experiment", name, names, 3, f"See configs/exp/ ({len(names)} experiments).")
-    check_yaml(CONFIGS / "exp" / f"{name}.yaml")
+    # what a new experiment file (often a copy of another) can get wrong: Hydra would put
+    # its keys under `exp:` without the header, and run it in the other's runs/<name>/
+    path = CONFIGS / "exp" / f"{name}.yaml"
+    data = check_yaml(path)
+    from hydra.plugins.config_source import ConfigSource
+
+    try:  # Hydra's own reading of a header: `# @key value` lines before any other line
+        package = ConfigSource._get_header_dict(path.read_text(encoding="utf-8")[:512])
+    except ValueError as e:
+        raise ConfigError(f"{path}: {e}") from None
+    if package.get("package") != "_global_":
+        raise ConfigError(f"{path} must start with the line '# @package _global_' (before any "
+                          f"other comment: an experiment sets keys of every group)")
+    if not isinstance(data, dict) or data.get("name") != name:
+        found = data.get("name") if isinstance(data, dict) else None
+        raise ConfigError(f"{path} sets name: {found}; an experiment's name is its file's "
+                          f"(its runs go to runs/<name>/): write name: {name}")
 
 
-def check_yaml(path: Path) -> None:
-    """A config file that is not UTF-8 YAML stops with one line saying where (Hydra raises
-    the parser's traceback, or a UnicodeDecodeError that names no file)."""
+def check_yaml(path: Path) -> Any:
+    """The contents of a config file; one that is not UTF-8 YAML stops with one line saying
+    where (Hydra raises the parser's traceback, or a UnicodeDecodeError naming no file)."""
     import yaml
 
     try:
         with open(path, encoding="utf-8") as f:  # a stream: the parser's marks name the file
-            yaml.safe_load(f)
+            return yaml.safe_load(f)
     except (yaml.YAMLError, UnicodeDecodeError) as e:
         raise unreadable_config(e, path) from None
 
@@ -247,11 +263,9 @@ def check_overrides(overrides: list[str]) -> None:
         raise ConfigError(f"unknown config key '{key}'{hint}") from None
 
 
-def prepare_run_dir(cfg: dict[str, Any]) -> Path | None:
-    """The run directory for this config, or None if this exact run already finished."""
-    from hydra.core.hydra_config import HydraConfig
-
-    run_dir = Path(HydraConfig.get().runtime.output_dir)
+def prepare_run_dir(cfg: dict[str, Any], run_dir: Path) -> Path | None:
+    """The run directory for this config (Hydra's `run_dir`, or a fresh=true sibling), or
+    None if this exact run already finished."""
     if cfg.get("mode", "train") != "train":
         return run_dir
     return choose_run_dir(cfg, run_dir)

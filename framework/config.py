@@ -94,3 +94,23 @@ def from_dict(cls: type[C], data: Mapping[str, Any], where: str = "") -> C:
         return cls(**kwargs)
     except TypeError as e:  # a required field is missing
         raise ConfigError(f"{where or cls.__name__}: {e}") from None
+
+
+# The top level of a composed config: the groups, each validated by its component's Config,
+# the run's own keys (configs/config.yaml) and an experiment's `paper:` block (its table
+# cells, read by scripts/paper_tables.py). Hydra lets a config file add any key: a misspelt
+# group in an experiment file (`trainr:`) would be ignored without this check.
+TOP_LEVEL = ("task", "dataset", "model", "ffn", "trainer", "logger", "name", "mode", "fresh",
+             "sweep_name", "paper")
+
+
+def check_top_level(cfg: Mapping[str, Any]) -> None:
+    for key in cfg:
+        if key == "exp":  # without the header, Hydra puts the file's keys under its group
+            raise ConfigError(
+                f"the keys of experiment {cfg['exp'].get('name', '')!r} ended up under 'exp': "
+                "an experiment file must start with the line '# @package _global_'")
+        if key not in TOP_LEVEL:
+            close = difflib.get_close_matches(str(key), TOP_LEVEL, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ConfigError(f"unknown config key {key!r} at the top level{hint}")

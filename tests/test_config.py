@@ -188,6 +188,45 @@ def test_a_config_file_that_is_not_yaml_is_one_line(tmp_path, monkeypatch, capsy
         assert err.count("\n") == 1, err
 
 
+@pytest.mark.parametrize("text,error", [
+    ("name: x\nffn:\n  k: 2\n", "x.yaml must start with the line '# @package _global_'"),
+    ("# the x run\n# @package _global_\nname: x\n", "x.yaml must start with the line"),
+    ("# @package _global_\nname: mini_moe\n",  # a copy that kept its original's name
+     "x.yaml sets name: mini_moe; an experiment's name is its file's (its runs go to "
+     "runs/<name>/): write name: x"),
+    ("# @package _global_\nffn:\n  k: 2\n", "x.yaml sets name: None;"),
+])
+def test_a_new_experiment_file_gets_header_and_name_checked(tmp_path, monkeypatch, capsys,
+                                                            text, error):
+    """Without the header Hydra puts the file's keys under `exp:` (ignored: the run uses the
+    defaults); with another experiment's name it runs in that one's runs/<name>/."""
+    from framework import cli
+
+    (tmp_path / "exp").mkdir()
+    (tmp_path / "exp" / "x.yaml").write_text(text)
+    monkeypatch.setattr(cli, "CONFIGS", tmp_path)
+    with pytest.raises(ConfigError) as e:
+        cli.check_experiment("x")
+    assert str(e.value).startswith(f"{tmp_path}/exp/{error}")
+    (tmp_path / "exp" / "x.yaml").write_text("\n# @package _global_\n# the x run\nname: x\n")
+    cli.check_experiment("x")
+
+
+def test_an_unknown_top_level_key_is_one_line(tmp_path):
+    """Hydra lets a config file (or a `+key=`) add any key: a misspelt group is refused, not
+    ignored, and the run leaves no directory."""
+    from framework.config import check_top_level
+
+    out = run_cli("+trainr.steps=2", f"hydra.run.dir={tmp_path}/r", cwd=tmp_path)
+    assert out.returncode == 1 and out.stderr.strip() == (
+        "error: unknown config key 'trainr' at the top level (did you mean 'trainer'?)")
+    assert not (tmp_path / "r").exists()
+    with pytest.raises(ConfigError, match="experiment 'x' ended up under 'exp': an "
+                       "experiment file must start with the line '# @package _global_'"):
+        check_top_level({"name": "run", "exp": {"name": "x", "ffn": {"k": 2}}})
+    check_top_level(compose_cfg([], "wt103_small_moe"))  # `paper:` is an experiment's
+
+
 def test_a_full_or_read_only_disk_is_one_line(monkeypatch, capsys):
     """An OSError the user fixes outside the code (a read-only or full disk, a quota, a
     permission) is one line; any other OSError keeps its traceback (it may be a bug)."""
