@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
+from framework.cli import check_experiment
+from framework.config import check_top_level
 from framework.data.base import train_tokens_for
 from models.ffn.dense import DenseConfig
 from models.ffn.experts import ExpertsConfig
@@ -145,8 +147,10 @@ def test_experiment_composes_builds_and_is_well_formed(name):
     overrides = {k for d in raw["defaults"] for k in d}
     assert {"override /dataset", "override /model", "override /ffn"} <= overrides, (
         f"{name}: an exp that sets ffn.* must also override /ffn (and /dataset, /model)")
+    check_experiment(name)  # what run.py checks first: header, name, YAML
     cfg, model_cfg, count = load(name)
     assert cfg["name"] == name
+    check_top_level(cfg)
     assert count == params_by_formula(model_cfg)  # exact: the 1% checks below cannot see W3
     paper = cfg["paper"]
     assert set(paper) == {"params_m", "entries"}
@@ -175,6 +179,9 @@ def test_experiment_composes_builds_and_is_well_formed(name):
     assert trainer["steps"] == 100_000 and trainer["grad_clip"] == 0.25
     assert trainer["lr"] == 2.5e-4 and trainer["schedule"] == "cosine"
     assert trainer["warmup_steps"] == (4000 if d_model == 1024 else 0)
+    # Adam as docs/REFERENCE.md: betas (0.9, 0.999), eps 1e-8, no weight decay
+    assert (trainer["betas"], trainer["eps"], trainer["weight_decay"]) == ([0.9, 0.999],
+                                                                            1e-8, 0.0)
     if kind in ("c4", "pes2o"):
         assert cfg["dataset"]["train_tokens"] == train_tokens_for(
             trainer["steps"], task["batch_size"], task["context"])  # one pass, no wrap
