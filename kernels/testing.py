@@ -73,3 +73,20 @@ def compare(got, want) -> dict[str, float]:
     errs = {"y": rel_err(y, y_ref)}
     errs.update({n: rel_err(g, r) for n, g, r in zip(GRAD_NAMES, grads, grads_ref)})
     return errs
+
+
+def dropout_bias(backend: str, device="cpu", p=0.25, copies=512) -> tuple[bool, float]:
+    """Inverted dropout leaves E[y] unchanged: `copies` copies of 16 tokens, each drawing its
+    own mask, in one call. -> (whether one copy's output differs from the undropped one,
+    max |mean over copies - undropped| / max |undropped|: about 0.04 for 512 copies)."""
+    from kernels import moe_mlp
+
+    case = random_case(T=16, D=8, E=4, G=32, K=2, device=device)
+    x, expert, gate = (case[k].repeat(copies, 1) for k in ("x_TD", "expert_TK", "gate_TK"))
+    w1, w2 = case["w1_EDG"], case["w2_EGD"]
+    with torch.no_grad():
+        y0 = moe_mlp(x[:16], expert[:16], gate[:16], w1, w2, backend=backend)
+        torch.manual_seed(0)
+        y = moe_mlp(x, expert, gate, w1, w2, hidden_dropout=p, training=True,
+                    backend=backend).view(copies, 16, -1)
+    return not torch.allclose(y[0], y0), rel_err(y.mean(0), y0)

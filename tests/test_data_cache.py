@@ -172,6 +172,24 @@ def test_damaged_entry_is_reported(tmp_path):
         Wt103.load(cfg_for(tmp_path))
 
 
+@pytest.mark.parametrize("split_digits", [True, False])
+def test_the_tokenizer_is_bpe_and_splits_digits_as_configured(tmp_path, split_digits):
+    """docs/REFERENCE.md: a BPE SentencePiece model that splits numbers into digits."""
+    import sentencepiece as spm
+    from sentencepiece import sentencepiece_model_pb2
+
+    texts = [f"In {1900 + i} the town had {i * 37 + 1234} people." for i in range(400)]
+    subword.train_spm(texts, subword.SpmSettings(120, split_digits), tmp_path / "spm.model")
+    proto = sentencepiece_model_pb2.ModelProto()
+    proto.ParseFromString((tmp_path / "spm.model").read_bytes())
+    assert proto.trainer_spec.model_type == proto.trainer_spec.BPE
+    pieces = spm.SentencePieceProcessor(model_file=str(tmp_path / "spm.model")).encode(
+        "In 2024 there were 98765", out_type=str)
+    numbers = [p.lstrip("\u2581") for p in pieces if any(c.isdigit() for c in p)]
+    assert "".join(numbers) == "202498765"
+    assert all(len(n) == 1 for n in numbers) == split_digits, pieces
+
+
 def test_a_source_failing_during_bpe_training_keeps_its_own_message(tmp_path):
     """SentencePiece rewraps what its input iterator raises ("INTERNAL: ..."): an offline
     source's one-line DataError must come out as it was, not as a SentencePiece failure."""

@@ -35,6 +35,17 @@ def test_matches_brute_force(k):
     torch.testing.assert_close(y, brute_dense(ffn, x_BTD.reshape(-1, D), k), rtol=1e-5, atol=1e-5)
 
 
+def test_dense_dropout_is_on_the_hidden_layer():
+    """y = W2 dropout(u) + b2 (docs/REFERENCE.md, "Dropout"), not dropout(W2 u + b2)."""
+    ffn = DenseFFN(DenseConfig(d_model=D, n_layers=L, d_ff=F_, dropout=0.5)).train()
+    x_TD = torch.randn(5, D)
+    torch.manual_seed(3)
+    y_TD = ffn(x_TD)
+    torch.manual_seed(3)  # the same mask
+    u_TF = torch.nn.functional.dropout(torch.relu(ffn.w1(x_TD)), 0.5, True)
+    torch.testing.assert_close(y_TD, ffn.w2(u_TF))
+
+
 def test_topk_counts_exactly_k_active_in_eval_and_training():
     torch.manual_seed(0)
     ffn = TopKFFN(TopKConfig(d_model=D, n_layers=L, d_ff=F_, dropout=0.5, k=5))

@@ -97,12 +97,13 @@ def test_init_standard_deviations():
 @pytest.mark.parametrize("selection", ["sigmoid", "softmax", "softmax_renorm"])
 def test_expert_dropout_gives_dropped_experts_zero_weight(selection):
     torch.manual_seed(0)
-    moe = make(n_experts=8, k=3, selection=selection, expert_dropout=0.5).train()
+    # delta 0.2, not 0.5: a mask that dropped with probability 1 - delta would pass at 0.5
+    moe = make(n_experts=8, k=3, selection=selection, expert_dropout=0.2).train()
     logits_TE = torch.randn(200, 8)
     torch.manual_seed(123)
     expert_TK, gate_TK = moe.select(logits_TE)
     torch.manual_seed(123)  # the same draw as inside select (Eq. expert_drop)
-    keep_TE = torch.rand_like(logits_TE) >= 0.5
+    keep_TE = torch.rand_like(logits_TE) >= 0.2
     kept_TK = keep_TE.gather(-1, expert_TK)
     assert (gate_TK[~kept_TK] == 0).all() and (~kept_TK).any()
     # kept gates are the undropped scores, not rescaled by 1/(1-delta); softmax over all N_E
@@ -124,9 +125,18 @@ def test_expert_dropout_gives_dropped_experts_zero_weight(selection):
         assert got == pytest.approx(best_TK[t, :m].tolist())
 
 
-def test_evaluation_is_deterministic_and_training_is_not():
+def test_expert_dropout_drops_a_delta_share_of_the_experts():
     torch.manual_seed(0)
-    moe = make(expert_dropout=0.3, hidden_dropout=0.3)
+    moe = make(n_experts=16, k=16, expert_dropout=0.1).train()  # k = N_E: every expert
+    _, gate_TK = moe.select(torch.randn(4000, 16))
+    assert (gate_TK == 0).double().mean().item() == pytest.approx(0.1, abs=0.01)
+
+
+@pytest.mark.parametrize("dropout", [dict(expert_dropout=0.3), dict(hidden_dropout=0.3)])
+def test_evaluation_is_deterministic_and_training_is_not(dropout):
+    """Each dropout on its own (together, one that is never applied would go unseen)."""
+    torch.manual_seed(0)
+    moe = make(**dropout)
     x_BTD = torch.randn(2, 8, D)
     moe.eval()
     torch.testing.assert_close(moe(x_BTD), moe(x_BTD), rtol=0, atol=0)
@@ -147,7 +157,11 @@ def test_routing_stats_count_selections():
     usage_E = count_E / count_E.sum()
     ent = -(usage_E * usage_E.clamp_min(1e-30).log()).sum()
     assert s["usage_entropy"] == pytest.approx(float(ent))
-    assert sum(s["expert_share"]) == pytest.approx(1.0)
+    # each expert's share of the selection weight: its sigmoid gates summed over the tokens
+    # that chose it
+    gate_TK = torch.sigmoid((x_TD @ moe.w3_ED.T).gather(-1, top_TK))
+    weight_E = torch.zeros(E).index_add_(0, top_TK.flatten(), gate_TK.flatten().detach())
+    assert s["expert_share"] == pytest.approx((weight_E / weight_E.sum()).tolist(), rel=1e-5)
 
 
 def test_k_above_n_experts_is_one_line_config_error():

@@ -59,6 +59,20 @@ def test_switch_gradients_match_per_token_loop(k):
         torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5)
 
 
+def test_switch_hidden_dropout_is_applied_in_training_and_unbiased():
+    """The "with dropout" rows: inverted dropout on the expert hidden units (h / (1 - p))."""
+    torch.manual_seed(0)
+    moe = SwitchMoE(SwitchConfig(**{**BASE, "k": 1}, hidden_dropout=0.5))
+    x_TD = torch.randn(9, D)
+    with torch.no_grad():
+        want_TD = moe.eval()(x_TD)
+        moe.train()
+        draws_NTD = torch.stack([moe(x_TD) for _ in range(2000)])
+    assert not torch.allclose(draws_NTD[0], want_TD)
+    scale = want_TD.abs().max().item()  # one draw's spread is about the output's size
+    torch.testing.assert_close(draws_NTD.mean(0), want_TD, rtol=0, atol=0.1 * scale)
+
+
 # p = (3/4, 1/4) for tokens 0, 1, 3 (-> expert 0) and (1/4, 3/4) for token 2 (-> expert 1)
 LN3 = math.log(3.0)
 HAND_LOGITS = torch.tensor([[LN3, 0.0], [LN3, 0.0], [0.0, LN3], [LN3, 0.0]])

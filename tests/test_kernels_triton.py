@@ -14,6 +14,7 @@ from kernels.testing import (
     NO_GROUPED_MM,
     assert_close,
     compare,
+    dropout_bias,
     random_case,
     reference_case,
     run_case,
@@ -167,6 +168,13 @@ def test_unfused_dropout_matches_grouped_mm_with_same_mask():
     torch.testing.assert_close(y, y_ref, rtol=1e-5, atol=1e-5)
     for g, r in zip(grads, grads_ref):
         torch.testing.assert_close(g, r, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.gpu  # on a CPU the test above shows it is grouped_mm's mask and scaling
+def test_unfused_dropout_is_unbiased():
+    """Its scaling on CUDA, where the test above checks only that something was dropped."""
+    dropped, bias = dropout_bias("triton_unfused", DEVICE)
+    assert dropped and bias < 0.1  # inverted dropout: E[y] = y without dropout
 
 
 def test_auto_uses_unfused_triton_for_dropout_on_cuda():

@@ -192,3 +192,70 @@ def test_a_run_records_its_data_and_is_warned_before_reading_a_one_pass_corpus_t
                        f"on fresh text throughout")
     repeated = TokenData("wt103", data.splits, V, "ppl")  # epochs are the norm there
     assert describe_data(repeated, cfg, 25)[1] is None
+
+
+def toy_task(model: TransformerXL, n_tokens: int = 2 * 13, batch_size: int = 2, context: int = 4):
+    """An LMTask over random tokens (the same text in every split)."""
+    import numpy as np
+
+    from framework.data.base import TokenData
+    from tasks.lm import LMTask, LMTaskConfig
+
+    tokens = np.random.default_rng(0).integers(0, V, n_tokens)
+    data = TokenData("toy", {"train": tokens, "valid": tokens, "test": tokens}, V, "ppl")
+    return LMTask(LMTaskConfig(batch_size=batch_size, context=context), data, model,
+                  torch.device("cpu"))
+
+
+def test_training_loss_is_cross_entropy_plus_each_layers_regularizer():
+    """L = CE + sum over layers of gamma * L_reg(x_l W3_l^T) (docs/REFERENCE.md: summed over
+    layers, on each layer's own input)."""
+    from models.ffn.base import entropy_regularizer
+
+    torch.manual_seed(0)
+    ffn = SigmaMoEConfig(D, L, 8, 8, 2, reg_gamma=0.5)
+    model = TransformerXL(TransformerXLConfig(V, D, L, 3, 10, 0.0, 8, 8, "sigma_moe", ffn))
+    inputs = []
+    for block in model.blocks:
+        block.ffn.register_forward_pre_hook(lambda m, a: inputs.append(a[0].reshape(-1, D)))
+    loss, m = next(toy_task(model).train_losses(1))
+    reg = sum(0.5 * entropy_regularizer(x_TD @ block.ffn.w3_ED.T)
+              for x_TD, block in zip(inputs, model.blocks))
+    torch.testing.assert_close(m["reg"], reg.detach())
+    torch.testing.assert_close(loss, m["ce"] + reg)
+
+
+def test_training_memory_starts_empty_at_each_epoch():
+    """Transformer-XL's memory carries over between the segments of one pass over the
+    streams; a new epoch restarts the streams at their beginnings, so it starts empty."""
+    model = make("dense")
+    task = toy_task(model)
+    empty = []
+    model.register_forward_pre_hook(lambda m, a: empty.append(a[1] is None))
+    n = task.batcher.steps_per_epoch
+    assert n > 1
+    for _ in range(2 * n):
+        list(task.train_losses(1))
+    assert empty == ([True] + [False] * (n - 1)) * 2
+
+
+def test_dropout_is_applied_where_the_authors_apply_it(monkeypatch):
+    """p on the embedding, on each block's attention and FFN outputs (before the residual
+    sums) and on the final LayerNorm's output: checked by the tensors dropout receives."""
+    model = make("dense", dropout=0.3).train()
+    expected = []
+    for module in (model.embedding, *[m for b in model.blocks for m in (b.attn, b.ffn)],
+                   model.ln_f):
+        module.register_forward_hook(lambda m, a, out: expected.append(out))
+    dropped = []
+    dropout = torch.nn.functional.dropout
+
+    def recording(x, p=0.5, training=True, inplace=False):
+        dropped.append((x, p, training))
+        return dropout(x, p, training, inplace)
+
+    monkeypatch.setattr(torch.nn.functional, "dropout", recording)
+    model(torch.randint(0, V, (2, 5)))
+    assert len(expected) == 2 + 2 * L
+    for out in expected:
+        assert any(x is out and p == 0.3 and training for x, p, training in dropped)

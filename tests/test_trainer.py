@@ -239,3 +239,17 @@ def test_a_log_file_gets_lines_not_a_bar_and_validation_is_shown(tmp_path, capsy
     assert lines[1].endswith("00:00 left") and " tok/s | " in lines[0]
     valid = [r for r in metrics(tmp_path / "run") if "valid/bpc" in r][0]
     assert f"step 2 | valid loss {valid['valid/loss']:.4f} | bpc {valid['valid/bpc']:.4f}" in out
+
+
+def test_grad_accum_gives_the_gradient_of_the_whole_batch(tmp_path):
+    """Micro-batch losses are averaged, not summed: the first step's gradient (its norm, before
+    clipping) is the same with 1 or 2 micro-batches (no regularizer or dropout, which see
+    each micro-batch on its own)."""
+    base = [*TINY, *TINY_MOE, "model.dropout=0.0", "ffn.reg_gamma=0.0", "trainer.steps=1",
+            "trainer.log_every=1", "trainer.val_every=100", "task.final_segments=1"]
+    norms = []
+    for accum in (1, 2):
+        RUN(compose_cfg([*base, f"trainer.grad_accum={accum}"]), tmp_path / str(accum))
+        norms += [r["train/grad_norm"] for r in metrics(tmp_path / str(accum))
+                  if "train/grad_norm" in r]
+    assert len(norms) == 2 and norms[0] == pytest.approx(norms[1], rel=1e-4)
