@@ -239,6 +239,9 @@ def check_overrides(overrides: list[str]) -> None:
         lines = str(e).strip().splitlines()
         first = lines[0]
         bad = re.match(r"Could not override '([\w.]+)'", first)
+        if first.startswith("Ambiguous value for argument"):  # Hydra's 2nd-4th lines say so
+            raise ConfigError(f"{first}: to run each of the values, add -m (a sweep); to set "
+                              f"a list, write key=[a,b]") from None
         if not bad:
             if "Available options" in str(e):  # an unknown group option: name the choices
                 opts = [x.strip() for x in lines if x.startswith("\t") and "=" not in x]
@@ -250,16 +253,19 @@ def check_overrides(overrides: list[str]) -> None:
                               f"{key} to override)") from None
         group, _, leaf = key.rpartition(".")
         known: list[str] = []
+        kind = None
         try:  # the keys next to it, for a suggestion (a second bad key: no suggestion)
             with initialize_config_dir(str(CONFIGS), version_base=None):
                 cfg = compose("config", overrides=[o for o in ours
                                                    if not o.startswith(f"{key}=")])
             node = OmegaConf.select(cfg, group) if group else cfg
             known = [str(k) for k in node.keys()] if OmegaConf.is_dict(node) else []
+            kind = node.get("kind") if OmegaConf.is_dict(node) and "." not in group else None
         except HydraException:
             pass
         close = difflib.get_close_matches(leaf, known, n=1, cutoff=0.6)
-        hint = f" (did you mean '{group + '.' if group else ''}{close[0]}'?)" if close else ""
+        hint = (f" (did you mean '{group + '.' if group else ''}{close[0]}'?)" if close else
+                f" ({group}={kind} has no such key)" if kind else "")
         raise ConfigError(f"unknown config key '{key}'{hint}") from None
 
 

@@ -75,6 +75,16 @@ class TrainerConfig:
         for key in ("steps", "grad_accum", "val_every", "ckpt_every", "log_every"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"trainer.{key} must be >= 1, got {getattr(self, key)}")
+        # what the optimizer would refuse with a traceback, after the run directory exists
+        for key in ("lr", "eps"):
+            if not getattr(self, key) > 0:
+                raise ConfigError(f"trainer.{key} must be > 0, got {getattr(self, key)}")
+        for key in ("weight_decay", "grad_clip", "warmup_steps", "keep_checkpoints"):
+            if getattr(self, key) < 0:
+                raise ConfigError(f"trainer.{key} must be >= 0, got {getattr(self, key)}")
+        if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
+            raise ConfigError(f"trainer.betas must be two numbers in [0, 1), got "
+                              f"{list(self.betas)}")
 
 
 class TrainingDiverged(RuntimeError):

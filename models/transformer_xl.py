@@ -38,6 +38,9 @@ class TransformerXLConfig:
     def __post_init__(self) -> None:
         if self.ffn_kind not in FFNS:
             FFNS.get(self.ffn_kind)  # raises with the known names
+        for key in ("d_model", "n_layers", "n_heads", "head_dim"):
+            if getattr(self, key) < 1:
+                raise ConfigError(f"model.{key} must be >= 1, got {getattr(self, key)}")
         if self.mem_len < 0 or self.eval_mem_len < 0:
             raise ConfigError("model.mem_len and model.eval_mem_len must be >= 0")
         check_probability("model.dropout", self.dropout)

@@ -62,6 +62,27 @@ def test_dropout_outside_0_1_is_refused(exp, override):
         build_model_config(cfg, 201)
 
 
+@pytest.mark.parametrize("override,error", [
+    ("model.d_model=0", "model.d_model must be >= 1, got 0"),
+    ("model.n_heads=-1", "model.n_heads must be >= 1, got -1"),
+    ("trainer.lr=-1", "trainer.lr must be > 0, got -1.0"),
+    ("trainer.eps=0", "trainer.eps must be > 0, got 0.0"),
+    ("trainer.warmup_steps=-5", "trainer.warmup_steps must be >= 0, got -5"),
+    ("trainer.grad_clip=-1", "trainer.grad_clip must be >= 0, got -1.0"),
+    ("trainer.betas=[0.9,1.0]", "trainer.betas must be two numbers in [0, 1), got [0.9, 1.0]"),
+])
+def test_values_that_would_fail_later_are_refused_first(override, error):
+    """What the model or the optimizer would refuse with a traceback (a negative dimension,
+    AdamW's 'Invalid learning rate'), or use silently (a negative warmup)."""
+    from framework.trainer import TrainerConfig
+
+    cfg = compose_cfg([override])
+    with pytest.raises(ConfigError) as e:
+        build_model_config(cfg, 201)
+        from_dict(TrainerConfig, cfg["trainer"], "trainer")
+    assert str(e.value) == error
+
+
 def test_every_default_group_composes_and_validates():
     for exp in ("mini_moe", "mini_dense"):
         model_cfg = build_model_config(compose_cfg([], exp), 201)
@@ -97,8 +118,15 @@ def test_cli_errors_are_one_line(tmp_path):
     out = run_cli("-m", "+exp=mini_moe,mini_dense", "ffn.k=2", "trainer.seed=range(2)",
                   "mode=params", f"hydra.sweep.dir={tmp_path}/s1", cwd=tmp_path)
     assert out.returncode == 1 and out.stderr.strip() == (
-        "error: unknown config key 'ffn.k' (in the sweep's jobs of +exp=mini_dense)")
+        "error: unknown config key 'ffn.k' (ffn=dense has no such key) (in the sweep's jobs "
+        "of +exp=mini_dense)")
     assert not (tmp_path / "s1").exists()
+
+    # several values without -m: Hydra's answer says what to do in its later lines
+    out = run_cli("trainer.seed=0,1", "mode=params", cwd=tmp_path)
+    assert out.returncode == 1 and out.stderr.strip() == (
+        "error: Ambiguous value for argument 'trainer.seed=0,1': to run each of the values, "
+        "add -m (a sweep); to set a list, write key=[a,b]")
 
     # a backend this machine cannot run (no CUDA; or, under TRITON_INTERPRET, no dropout in
     # the fused kernels) stops before the run starts, not in the first forward
