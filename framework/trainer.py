@@ -91,6 +91,11 @@ class TrainingDiverged(RuntimeError):
     pass
 
 
+# nan_policy=skip gives up after this many skipped steps in a row: a bad batch is skipped,
+# weights that give non-finite losses on every batch would be "trained" to the end on none
+MAX_SKIPPED_IN_ROW = 10
+
+
 class Interrupted(KeyboardInterrupt):
     """Ctrl-C once the trainer has written its checkpoint and said so (the CLI adds no
     line of its own)."""
@@ -197,6 +202,7 @@ class Trainer:
                                          cfg.weight_decay)
         self.scaler = torch.amp.GradScaler(device.type, enabled=self.amp_dtype == torch.float16)
         self.step = 0
+        self.skipped_in_row = 0  # nan_policy=skip: consecutive skipped steps
         self.train_seconds = 0.0  # wall time of fit() up to self.step, over every resume
         # every code version (framework/code_version.py) that trained up to self.step
         self.code_fingerprints = [code_fingerprint()]
@@ -306,6 +312,7 @@ class Trainer:
             self.task.discard_step()
             totals["skipped"] = 1.0
         else:
+            self.skipped_in_row = 0
             self.scaler.step(self.optimizer)  # the scaler itself skips fp16 overflow steps
         self.scaler.update()
         totals["grad_norm"] = grad_norm
@@ -321,6 +328,13 @@ class Trainer:
             raise TrainingDiverged(msg + ". The last good checkpoint is kept: rerun with "
                                    "trainer.nan_policy=skip to resume from it skipping such "
                                    "steps, or lower trainer.lr (a new run)")
+        self.skipped_in_row += 1
+        if self.skipped_in_row >= MAX_SKIPPED_IN_ROW:  # the weights themselves are bad
+            raise TrainingDiverged(
+                f"trainer.nan_policy=skip skipped {self.skipped_in_row} steps in a row, up to "
+                f"step {self.step + 1}: every batch gives a non-finite loss or gradient with "
+                f"these weights, so skipping cannot help; lower trainer.lr and start over "
+                f"(fresh=true)")
         note("warning: skipping step: " + msg)
 
     def _on_signal(self, signum, frame) -> None:

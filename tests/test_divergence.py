@@ -69,6 +69,29 @@ def test_nan_skip_policy_skips_the_step(tmp_path, monkeypatch):
                load_checkpoint(list_checkpoints(tmp_path)[-1])["model"].values())
 
 
+def test_nan_skip_policy_gives_up_after_steps_skipped_in_a_row(tmp_path, monkeypatch):
+    """Weights that give NaN on every batch: stop with a message, not 'train' to the end
+    skipping every step and write NaN results. Skips with good steps between are fine."""
+    from framework import trainer
+    from tasks.lm import LMTask
+
+    monkeypatch.setattr(trainer, "MAX_SKIPPED_IN_ROW", 3)
+    real = LMTask.train_losses
+    calls = [0]
+
+    def nan_at_2_then_from_4(self, n):
+        calls[0] += 1
+        for loss, m in real(self, n):
+            yield (loss * float("nan"), m) if calls[0] == 2 or calls[0] >= 4 else (loss, m)
+
+    monkeypatch.setattr(LMTask, "train_losses", nan_at_2_then_from_4)
+    with pytest.raises(TrainingDiverged) as err:
+        RUN(compose_cfg([*OVERRIDES, "trainer.nan_policy=skip"]), tmp_path)
+    assert str(err.value).startswith("trainer.nan_policy=skip skipped 3 steps in a row, up to "
+                                     "step 6: every batch gives a non-finite loss")
+    assert not (tmp_path / "results.json").exists()
+
+
 def test_nan_skip_policy_forgets_the_memory_of_the_skipped_step(tmp_path, monkeypatch):
     """A NaN in the forward also lands in the Transformer-XL memory: kept, it would make
     every later step NaN (and be checkpointed); the skipped step's memory is dropped."""
