@@ -8,6 +8,8 @@ per SentencePiece token for subword data (docs/REFERENCE.md "Metrics").
 from __future__ import annotations
 
 import math
+import sys
+import time
 from collections.abc import Iterator
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -23,6 +25,8 @@ from framework.data.base import train_tokens_for
 from framework.distributed import all_gather_cat
 from models.ffn import FFNS
 from models.transformer_xl import Memory, TransformerXL, TransformerXLConfig
+
+EVAL_LINE_S = 60.0  # into a log file, an evaluation says how far it got this often
 
 
 @dataclass(frozen=True)
@@ -195,12 +199,19 @@ class LMTask:
         total = min(n_seg, max_segments) if max_segments else n_seg
         mem_len = mem_segments * self.cfg.context
         sum_ce, count, mems = 0.0, 0, None
-        # no bar into a log file (disable=None: a terminal only), where it is one long line
+        # no bar into a log file (disable=None: a terminal only), where it is one long line,
+        # but a line every EVAL_LINE_S: a final evaluation can take minutes
+        lines = progress and not sys.stderr.isatty()
+        started = last = time.perf_counter()
         for i, (x_BT, y_BT) in enumerate(tqdm(batcher.segments(), total=total,
                                               disable=None if progress else True,
                                               desc=f"eval {split}", leave=False)):
             if i == total:
                 break
+            if lines and i and (now := time.perf_counter()) - last >= EVAL_LINE_S:
+                last, left = now, (total - i) * (now - started) / i
+                tqdm.write(f"eval {split}: segment {i}/{total} | "
+                           f"{tqdm.format_interval(left)} left", file=sys.stderr)
             logits, mems = self.model(x_BT.to(self.device), mems)
             mems = [mem[:, -mem_len:] for mem in mems] if mem_len else None
             ce = F.cross_entropy(logits.float().flatten(0, 1), y_BT.to(self.device).flatten(),

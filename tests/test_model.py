@@ -1,5 +1,6 @@
 """Transformer-XL: memory equivalence, causality, relative shift and init (docs/REFERENCE.md)."""
 import math
+import sys
 
 import pytest
 import torch
@@ -259,3 +260,18 @@ def test_dropout_is_applied_where_the_authors_apply_it(monkeypatch):
     assert len(expected) == 2 + 2 * L
     for out in expected:
         assert any(x is out and p == 0.3 and training for x, p, training in dropped)
+
+
+def test_an_evaluation_into_a_log_file_says_how_far_it_got(monkeypatch, capsys):
+    """No progress bar in a log file (Slurm, nohup), but a line now and then: the final
+    evaluation of the main job takes minutes."""
+    from tasks import lm
+
+    monkeypatch.setattr(lm, "EVAL_LINE_S", 0.0)
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: False)
+    task = toy_task(make("dense"), n_tokens=2 * 25)
+    task.evaluate("valid", batch_size=2, mem_segments=2, progress=True)
+    assert capsys.readouterr().err.splitlines() == [
+        f"eval valid: segment {i}/6 | 00:00 left" for i in range(1, 6)]
+    task.evaluate("valid", batch_size=2, mem_segments=2)  # progress=False: nothing
+    assert capsys.readouterr().err == ""
