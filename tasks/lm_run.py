@@ -6,6 +6,7 @@ runs the final evaluation), `eval` (final evaluation of the last checkpoint only
 """
 from __future__ import annotations
 
+import dataclasses
 import re
 import sys
 from pathlib import Path
@@ -94,11 +95,14 @@ def run(cfg: dict[str, Any], run_dir: Path) -> dict[str, Any] | None:
     device = resolve_device(trainer_cfg.device)
     dist_info = init_distributed(device.type)
     check_batch_split(task_cfg.batch_size, dist_info.world_size, trainer_cfg.grad_accum)
+    # the model's values are checked before the data loads (minutes for C4); its vocabulary
+    # is the data's
+    model_cfg = build_model_config(cfg, vocab_size=1)
+    check_backend(model_cfg, device, resolve_precision(trainer_cfg.precision, device))
     data = load_data(cfg)
     check_split_sizes(data, task_cfg)
     data_record, data_warning = describe_data(data, task_cfg, trainer_cfg.steps)
-    model_cfg = build_model_config(cfg, data.vocab_size)
-    check_backend(model_cfg, device, resolve_precision(trainer_cfg.precision, device))
+    model_cfg = dataclasses.replace(model_cfg, vocab_size=data.vocab_size)
     if device.type == "cuda" and dist_info.enabled:  # init_distributed made it current
         device = torch.device("cuda", dist_info.local_rank)
     elif device.type == "cuda" and device.index is not None:

@@ -144,6 +144,11 @@ def test_a_failed_start_leaves_no_directories(tmp_path):
                   SIGMA_MOE_CACHE=str(tmp_path / "cache"))
     assert out.returncode == 1 and "prepare_data.py enwik8" in out.stderr, out.stderr
     assert not (tmp_path / "runs").exists()
+    # a bad model value is said before the data is missed (or loaded: minutes for C4)
+    out = run_cli("+exp=e8_moe", "ffn.n_experts=2", cwd=tmp_path,
+                  SIGMA_MOE_CACHE=str(tmp_path / "cache"))
+    assert out.returncode == 1 and out.stderr.startswith("error: ffn.k=4 must be between 1 "
+                                                         "and ffn.n_experts=2"), out.stderr
     # a train split shorter than one segment per stream (it trained on wrapped scraps)
     out = run_cli("+exp=mini_enwik_dense", "dataset.fractions=[0.00005,0.5,0.49995]",
                   cwd=tmp_path)
