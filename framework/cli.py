@@ -34,14 +34,14 @@ def _check_known(kind: str, name: str, names: list[str], n_close: int, listing: 
 
 
 def check_experiment(name: str) -> None:
+    from hydra.plugins.config_source import ConfigSource
+
     names = experiment_names()
     _check_known("experiment", name, names, 3, f"See configs/exp/ ({len(names)} experiments).")
     # what a new experiment file (often a copy of another) can get wrong: Hydra would put
     # its keys under `exp:` without the header, and run it in the other's runs/<name>/
     path = CONFIGS / "exp" / f"{name}.yaml"
     data = check_yaml(path)
-    from hydra.plugins.config_source import ConfigSource
-
     try:  # Hydra's own reading of a header: `# @key value` lines before any other line
         package = ConfigSource._get_header_dict(path.read_text(encoding="utf-8")[:512])
     except ValueError as e:
@@ -69,7 +69,6 @@ def check_yaml(path: Path) -> Any:
 
 def unreadable_config(e: Exception, path: Path | None = None) -> ConfigError:
     """One line for a config file that YAML or UTF-8 decoding refused: file:line:column."""
-
     if isinstance(e, UnicodeDecodeError):
         if path is None:  # the decoder does not know the file: find it
             path = next((p for p in sorted(CONFIGS.rglob("*.yaml")) if not _is_utf8(p)), None)
@@ -156,7 +155,8 @@ def check_sweep(name: str) -> None:
 
 
 def check_launcher(args: list[str], sweep: str | None) -> None:
-    """The Slurm launcher where there is no Slurm: one line, not submitit's traceback."""
+    """An unknown launcher, or the Slurm one where there is no Slurm: one line, not Hydra's
+    several (with its search path) or submitit's traceback."""
     chosen = [a.split("=", 1)[1] for a in args
               if a.removeprefix("override ").startswith("hydra/launcher=")]
     launcher = chosen[-1] if chosen else None
@@ -164,6 +164,10 @@ def check_launcher(args: list[str], sweep: str | None) -> None:
         defaults = sweep_config(sweep).get("defaults") or []
         launcher = next((d[k] for d in defaults if isinstance(d, dict) for k in d
                          if str(k).endswith("hydra/launcher")), None)
+    ours = sorted(p.stem for p in (CONFIGS / "hydra" / "launcher").glob("*.yaml"))
+    if launcher is not None:  # Hydra's answer has the search path and several lines
+        _check_known("launcher", launcher, [*ours, "basic", "submitit_local", "submitit_slurm"],
+                     1, f"Choose hydra/launcher={', '.join(ours)} or basic (docs/cluster.md).")
     if launcher == "slurm" and shutil.which("srun") is None:
         raise ConfigError(
             "this sweep submits Slurm jobs (hydra/launcher=slurm) but srun is not on this "

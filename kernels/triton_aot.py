@@ -106,7 +106,8 @@ def main(argv=None) -> None:
                    help="input dtype of the kernels (default bf16)")
     p.add_argument("--all-configs", action="store_true",
                    help="every autotune config (kernels/triton_launch.py), with the shared "
-                        "memory that fitting_configs estimates for it (`estimate`)")
+                        "memory that fitting_configs estimates for it (`estimate`) and "
+                        "whether it fits an H100's 227 KB per block (`fits`)")
     p.add_argument("--kernels", nargs="+", choices=KERNELS, default=KERNELS,
                    help="only these kernels (default: all)")
     args = p.parse_args(argv)
@@ -122,13 +123,17 @@ def main(argv=None) -> None:
     from kernels import triton_launch as tl
 
     elem = 4 if args.dtype == "fp32" else 2
+    # sm_90's shared memory per block (232448 B = 227 KB): `fits` is whether the compiled
+    # kernel fits it; fitting_configs decides from `estimate` (kernels/triton_launch.py)
+    H100_SMEM = 232448
     for name in args.kernels:
         wgrad = name == "wgrad_kernel"
         for cfg in [*(tl.WGRAD_CONFIGS if wgrad else tl.MM_CONFIGS), tl.SMALL_CONFIG]:
             for report in compile_all(args.dtype, warps=cfg.num_warps, stages=cfg.num_stages,
                                       blocks=cfg.kwargs, kernel=name):
                 report.update(num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-                              estimate=tl.smem_bytes(cfg, elem, wgrad))
+                              estimate=tl.smem_bytes(cfg, elem, wgrad),
+                              fits=report["shared_bytes"] <= H100_SMEM)
                 print(json.dumps(report), flush=True)
 
 

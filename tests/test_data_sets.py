@@ -50,7 +50,7 @@ def test_registry_and_yamls_agree():
         assert from_dict(cls.Config, fields) == cls.Config()  # the yaml states the defaults
 
 
-def test_wt103_each_line_encoded_blank_lines_dropped_splits_exact(tmp_path):
+def test_wt103_each_line_encoded_blank_lines_dropped_splits_exact(tmp_path, caplog):
     rng = random.Random(0)
     src = tmp_path / "wikitext-103"
     src.mkdir()
@@ -77,6 +77,10 @@ def test_wt103_each_line_encoded_blank_lines_dropped_splits_exact(tmp_path):
             # the stream is exactly its own file's lines, pieces glued with no separator
             assert sp.decode(ids.tolist()) == " ".join(lines)
             assert len(ids) == sum(len(sp.encode(line)) for line in lines)
+    # a train file this small is not WikiText-103's (WikiText-2 has the same file names)
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert warnings and all("wiki.train.tokens has 0.0 MB, WikiText-103's has 539 MB" in w
+                            for w in warnings), warnings
 
 
 def test_wt103_parallel_encoding_matches_serial(tmp_path):

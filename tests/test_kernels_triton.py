@@ -261,6 +261,7 @@ def test_smem_estimate_is_what_triton_allocates():
     assert all(r["shared_bytes"] == r["estimate"]
                for r in gather + by_kernel["scatter_mm_kernel"]), reports
     assert all(r["shared_bytes"] <= r["estimate"] for r in wgrad), wgrad
+    assert all(r["fits"] == (r["shared_bytes"] <= H100_SMEM) for r in reports)
     # tight: the variant with a gathered A (dW1) uses all but a few hundred bytes of it
     assert all(r["estimate"] - r["shared_bytes"] <= 1024 for r in wgrad if r["variant"]["GATHER_A"])
     too_big = {tuple(r["variant"][b] for b in ("BLOCK_M", "BLOCK_N", "BLOCK_K"))

@@ -343,8 +343,13 @@ def test_unknown_sweep_or_slurm_without_slurm_is_one_line(monkeypatch, capsys):
                                                        None)):
         with pytest.raises(ConfigError, match="srun is not on this machine.*hydra/launcher=local"):
             cli.check_launcher(args, sweep)
-    for args, sweep in ((["hydra/launcher=basic"], "dense"), ([], "mini"), ([], None)):
+    for args, sweep in ((["hydra/launcher=basic"], "dense"), ([], "mini"), ([], None),
+                        (["hydra/launcher=local"], "moe")):
         cli.check_launcher(args, sweep)  # launchers that need no Slurm
+    with pytest.raises(ConfigError) as e:
+        cli.check_launcher(["hydra/launcher=lcoal"], "moe")
+    assert str(e.value) == ("unknown launcher 'lcoal'. Did you mean local? Choose "
+                            "hydra/launcher=local, slurm or basic (docs/cluster.md).")
     argv = ["run.py", "-m", "+sweep=dense", "+exp=e8_dense", "trainer.seed=0"]
     with pytest.raises(SystemExit) as e:
         cli.prepare_argv(argv)

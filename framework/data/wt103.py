@@ -11,6 +11,7 @@ reference does; blank lines (every other line of the release) contribute nothing
 from __future__ import annotations
 
 import io
+import logging
 import zipfile
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
@@ -24,6 +25,16 @@ from framework.data.subword import SpmSettings, build_subword, check_vocab_size,
 
 FILES = {"train": "wiki.train.tokens", "valid": "wiki.valid.tokens", "test": "wiki.test.tokens"}
 HF_REPO, HF_CONFIG = "Salesforce/wikitext", "wikitext-103-v1"
+# WikiText-2's files have the same names: its train file is 11 MB, WikiText-103's 539 MB
+MIN_TRAIN_BYTES = 100_000_000
+log = logging.getLogger(__name__)
+
+
+def check_train_size(where: str, n_bytes: int) -> None:
+    if n_bytes < MIN_TRAIN_BYTES:
+        log.warning("%s: wiki.train.tokens has %.1f MB, WikiText-103's has 539 MB (WikiText-2's "
+                    "11 MB, with the same file names): is this the WikiText-103 release?",
+                    where, n_bytes / 1e6)
 
 
 @dataclass(frozen=True)
@@ -51,8 +62,9 @@ LineReader = Callable[[str], Iterator[str]]
 def _zip_reader(path: Path) -> LineReader | None:
     with zipfile.ZipFile(path) as z:
         members = {Path(n).name: n for n in z.namelist()}
-    if not all(f in members for f in FILES.values()):
-        return None
+        if not all(f in members for f in FILES.values()):
+            return None
+        check_train_size(str(path), z.getinfo(members[FILES["train"]]).file_size)
 
     def lines(split: str) -> Iterator[str]:
         with reading(f"{path} ({members[FILES[split]]})"), zipfile.ZipFile(path) as z, \
@@ -70,6 +82,7 @@ def locate(path: Path) -> Source | None:
     for d in (path, path / "wikitext-103"):
         files = [d / f for f in FILES.values()]
         if all(f.is_file() for f in files):
+            check_train_size(str(d), files[0].stat().st_size)
             def lines(split: str, d: Path = d) -> Iterator[str]:
                 with reading(d / FILES[split]), open(d / FILES[split], encoding="utf-8") as f:
                     yield from f
