@@ -77,3 +77,10 @@ def out_path(name: str, changed: list[str]) -> Path:
     print(f"not the defaults ({', '.join(changed)}): writing {path}, not benchmarks/{name} "
           "(--out to choose)")
     return path
+
+
+if __name__ == "__main__":  # a library without a CLI: say which scripts measure
+    import sys
+
+    sys.exit("error: scripts/bench_common.py is a library; benchmark with "
+             "`python scripts/bench_moe.py` or `python scripts/bench_train.py`")

@@ -112,3 +112,10 @@ def data_versions(runs: Iterable[Run]) -> list[str]:
 
         lines += version_lines(groups, head)
     return lines
+
+
+if __name__ == "__main__":  # a library without a CLI: say which scripts print these lines
+    import sys
+
+    sys.exit("error: scripts/run_versions.py is a library; the version lines are under the "
+             "tables of `python scripts/paper_tables.py` and `python scripts/mini_claims.py`")
