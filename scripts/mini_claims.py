@@ -39,6 +39,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from scripts.run_results import (  # noqa: E402
+    Skipped,
     by_experiment,
     find_runs,
     fmt_metric,
@@ -199,7 +200,7 @@ class Collected:
     metric: dict[str, str]  # column -> bpc | ppl
     params: dict[tuple[str, str], float]
     speed: dict[tuple[str, str], dict[str, float | None]]  # tok_s, train_s, peak_rss_mb
-    skipped: list[str]  # runs left out, as find_runs describes them
+    skipped: list[Skipped]  # runs left out, and why (find_runs)
     seeds: dict[str, list[Any]]  # experiment -> the seeds it has
     code: list[str] = field(default_factory=list)  # code versions of the counted runs
     data: list[str] = field(default_factory=list)  # data versions, when they differ
@@ -212,7 +213,7 @@ def collect(roots: list[Path], exp_dir: Path, all_overrides: bool = False) -> Co
     names = {exp_name(data, variant) for data in DATASETS for variant in VARIANTS}
     mini = [s for s in skipped if s.name in names or s.name is None
             and any(f"/{n}/" in f"{s.path}/" for n in names)]
-    out = Collected({}, {}, {}, {}, [str(s) for s in mini], {})
+    out = Collected({}, {}, {}, {}, mini, {})
     counted = []
     for data, col in DATASETS.items():
         for variant in VARIANTS:
@@ -255,8 +256,8 @@ def render_results(c: Collected, rows: dict[str, str]) -> str:
             cells.append(text)
         lines.append(f"| {rows.get(variant, variant)} | " + " | ".join(cells) + " |")
     lines += ["", "Each cell: mean ± sample std over seeds (n seeds) · parameter count."]
-    lines += markdown_notes("Missing runs:", missing_commands("mini", c.seeds), c.skipped,
-                            c.code, c.data)
+    lines += markdown_notes("Missing runs:", missing_commands("mini", c.seeds, c.skipped),
+                            [str(s) for s in c.skipped], c.code, c.data)
     return "\n".join(lines) + "\n"
 
 

@@ -265,7 +265,7 @@ def build_table(table: str, exps: dict[str, Experiment], runs: dict[str, list[Ru
                 cell.n_params = statistics.fmean(counts) if counts else None
             cells.append(cell)
         out.rows.append((row, [], cells))
-    out.missing = missing_commands(table, seeds)  # each table has its sweep (make_sweeps.py)
+    out.missing = missing_commands(table, seeds, skipped)  # each table has its sweep
     names = {grid[k][0].name for k in grid}
     out.notes = [str(s) for s in skipped if s.name in names]
     out.code, out.data = code_versions(counted), data_versions(counted)

@@ -62,6 +62,9 @@ class Run:
     data: dict[str, Any] | None = None  # which tokens it read (results.json / summary `data`)
 
 
+STALE = "config differs from"  # the start of a Skipped's why for a run of another config
+
+
 @dataclass(frozen=True)
 class Skipped:
     """A results.json (or wandb run) left out of the tables, and why. `name` is None when
@@ -174,7 +177,7 @@ class Judge:
             same = run_hash in run_hashes(cfg)
         else:
             return None, ""
-        return same, f"config differs from {where} (stale, or made with other settings)"
+        return same, f"{STALE} {where} (stale, or made with other settings)"
 
     def __call__(self, name: str, seed: Any, run_dir: Path | None, **config: Any
                  ) -> tuple[str | None, bool]:
@@ -411,18 +414,38 @@ def sweep_seeds(sweep: str) -> list[int]:
     return [int(s) for s in str(sweep_params(sweep)["trainer.seed"]).split(",")]
 
 
-def missing_commands(sweep: str, found: dict[str, list[Any]]) -> list[str]:
+def missing_commands(sweep: str, found: dict[str, list[Any]],
+                     skipped: Iterable[Skipped] = ()) -> list[str]:
     """The commands that train what `found` (experiment -> the seeds it has) lacks of the
     sweep's seeds, in the form docs/cluster.md launches a table with: one command per set of
-    missing seeds, the sweep's own seeds left to the sweep file."""
+    missing seeds, the sweep's own seeds left to the sweep file. A seed whose directory in
+    the sweep's holds a finished run of another config (`skipped`: stale) gets `fresh=true`,
+    which run.py asks for there (a new sibling directory); only those: an unfinished run
+    must resume, not start over beside itself."""
     every = sweep_seeds(sweep)
-    groups: dict[tuple[int, ...], list[str]] = {}
+    stale = stale_in_sweep(sweep, skipped)
+    groups: dict[tuple[tuple[int, ...], bool], list[str]] = {}
     for name, seeds in found.items():
-        if lacking := tuple(s for s in every if s not in seeds):
-            groups.setdefault(lacking, []).append(name)
+        lacking = [s for s in every if s not in seeds]
+        for fresh in (False, True):
+            if part := tuple(s for s in lacking if ((name, s) in stale) == fresh):
+                groups.setdefault((part, fresh), []).append(name)
     return [f"python run.py -m +sweep={sweep} +exp={','.join(names)}"
-            + ("" if list(lacking) == every else f" trainer.seed={','.join(map(str, lacking))}")
-            for lacking, names in groups.items()]
+            + ("" if list(part) == every else f" trainer.seed={','.join(map(str, part))}")
+            + (" fresh=true" if fresh else "")
+            for (part, fresh), names in groups.items()]
+
+
+def stale_in_sweep(sweep: str, skipped: Iterable[Skipped]) -> set[tuple[str, int]]:
+    """(experiment, seed) of the runs of another config in the sweep's own directories
+    (runs/sweeps/<sweep>/<experiment>/trainer.seed=<seed>, where relaunching it trains)."""
+    out = set()
+    for s in skipped:
+        seed = re.fullmatch(r"trainer\.seed=(\d+)", s.path.name)
+        if seed and s.why.startswith(STALE) and s.path.parent.name == s.name and \
+                s.path.parent.parent.name == sweep:
+            out.add((s.name, int(seed[1])))
+    return out
 
 
 if __name__ == "__main__":  # a library without a CLI: say which scripts read the runs

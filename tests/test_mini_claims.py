@@ -150,6 +150,15 @@ def test_report_from_run_directories(tmp_path):
     assert versions[0].startswith(f"- {code_fingerprint()} (")
     assert versions[0].endswith("the current code): 7 runs")
     assert versions[1:] == ["- 0ld0ld0ld0ld: mini_wiki_dense seed 2"]
+    # a stale run where the sweep would train a missing seed: that seed gets fresh=true (the
+    # sweep's job would stop there, asking for it), the others not (an unfinished run resumes)
+    fake_run(root, "mini_wiki_moe", 1, 6.0, [1.0], other_config=True)
+    text = mini_claims.main(["--runs", str(tmp_path / "runs")])
+    missing = text.split("Missing runs:\n")[1].split("\n\n")[0].splitlines()
+    assert missing[1:] == [
+        "- `python run.py -m +sweep=mini +exp=mini_wiki_dense trainer.seed=0`",
+        "- `python run.py -m +sweep=mini +exp=mini_wiki_moe trainer.seed=0,2`",
+        "- `python run.py -m +sweep=mini +exp=mini_wiki_moe trainer.seed=1 fresh=true`"]
 
 
 def test_an_unreadable_results_file_is_warned_about_and_labelled(tmp_path, capsys):
