@@ -14,7 +14,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from framework.checkpoint import list_checkpoints
-from framework.config import ConfigError, first_line, is_environment_error
+from framework.config import TOP_LEVEL, ConfigError, first_line, is_environment_error
 from framework.experiment import fresh_dir, read_results, run_hashes, unfinished_fresh_run
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
@@ -53,6 +53,11 @@ def check_experiment(name: str) -> None:
         found = data.get("name") if isinstance(data, dict) else None
         raise ConfigError(f"{path} sets name: {found}; an experiment's name is its file's "
                           f"(its runs go to runs/<name>/): write name: {name}")
+    for key in data:  # run.py checks the composed config too (check_top_level), naming no file
+        if key not in (*TOP_LEVEL, "defaults"):
+            close = difflib.get_close_matches(str(key), TOP_LEVEL, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ConfigError(f"{path}: unknown top-level key {key!r}{hint}")
 
 
 def check_yaml(path: Path) -> Any:
@@ -124,6 +129,9 @@ def prepare_argv(argv: list[str]) -> None:
             check_experiment(name)
         for name in sweeps:
             check_sweep(name)
+            if not exps:  # the sweep's own list (an experiment added to it by make_sweeps)
+                for exp in sweep_experiments(name):
+                    check_experiment(exp)
         if (multirun or sweep) and not inspect:  # jobs will be launched
             check_launcher(argv[1:], sweeps[-1] if sweeps else None)
     except ConfigError as e:
@@ -165,9 +173,12 @@ def check_launcher(args: list[str], sweep: str | None) -> None:
         launcher = next((d[k] for d in defaults if isinstance(d, dict) for k in d
                          if str(k).endswith("hydra/launcher")), None)
     ours = sorted(p.stem for p in (CONFIGS / "hydra" / "launcher").glob("*.yaml"))
-    if launcher is not None:  # Hydra's answer has the search path and several lines
-        _check_known("launcher", launcher, [*ours, "basic", "submitit_local", "submitit_slurm"],
-                     1, f"Choose hydra/launcher={', '.join(ours)} or basic (docs/cluster.md).")
+    known = [*ours, "basic", "submitit_local", "submitit_slurm"]
+    # a likely typo of one of these (Hydra's answer has its search path, in several lines);
+    # any other name is left to Hydra: another installed launcher plugin (joblib, ray)
+    if launcher not in (None, *known) and difflib.get_close_matches(launcher, known, n=1):
+        _check_known("launcher", launcher, known, 1,
+                     f"Choose hydra/launcher={', '.join(ours)} or basic (docs/cluster.md).")
     if launcher == "slurm" and shutil.which("srun") is None:
         raise ConfigError(
             "this sweep submits Slurm jobs (hydra/launcher=slurm) but srun is not on this "

@@ -75,11 +75,12 @@ class TrainerConfig:
         for key in ("steps", "grad_accum", "val_every", "ckpt_every", "log_every"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"trainer.{key} must be >= 1, got {getattr(self, key)}")
-        # what the optimizer would refuse with a traceback, after the run directory exists
-        for key in ("lr", "eps"):
-            if not getattr(self, key) > 0:
-                raise ConfigError(f"trainer.{key} must be > 0, got {getattr(self, key)}")
-        for key in ("weight_decay", "grad_clip", "warmup_steps", "keep_checkpoints"):
+        # a traceback after the run directory exists (AdamW refuses a negative lr or decay),
+        # or a silent misreading (a negative warmup; eps 0: a division by zero); lr 0 is a
+        # throughput measurement
+        if not self.eps > 0:
+            raise ConfigError(f"trainer.eps must be > 0, got {self.eps}")
+        for key in ("lr", "weight_decay", "grad_clip", "warmup_steps", "keep_checkpoints"):
             if getattr(self, key) < 0:
                 raise ConfigError(f"trainer.{key} must be >= 0, got {getattr(self, key)}")
         if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):

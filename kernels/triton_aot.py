@@ -123,9 +123,7 @@ def main(argv=None) -> None:
     from kernels import triton_launch as tl
 
     elem = 4 if args.dtype == "fp32" else 2
-    # sm_90's shared memory per block (232448 B = 227 KB): `fits` is whether the compiled
-    # kernel fits it; fitting_configs decides from `estimate` (kernels/triton_launch.py)
-    H100_SMEM = 232448
+    # `fits`: whether the compiled kernel fits an H100; fitting_configs decides from `estimate`
     for name in args.kernels:
         wgrad = name == "wgrad_kernel"
         for cfg in [*(tl.WGRAD_CONFIGS if wgrad else tl.MM_CONFIGS), tl.SMALL_CONFIG]:
@@ -133,7 +131,7 @@ def main(argv=None) -> None:
                                       blocks=cfg.kwargs, kernel=name):
                 report.update(num_warps=cfg.num_warps, num_stages=cfg.num_stages,
                               estimate=tl.smem_bytes(cfg, elem, wgrad),
-                              fits=report["shared_bytes"] <= H100_SMEM)
+                              fits=report["shared_bytes"] <= tl.H100_SMEM)
                 print(json.dumps(report), flush=True)
 
 

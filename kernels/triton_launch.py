@@ -91,6 +91,10 @@ def smem_bytes(cfg: triton.Config, elem_bytes: int, wgrad: bool = False) -> int:
     return stages * (k["BLOCK_M"] + k["BLOCK_N"]) * k["BLOCK_K"] * elem_bytes + 1024 * wgrad
 
 
+# shared memory per block on sm_90 (227 KB), what Triton reports as max_shared_mem on an H100
+H100_SMEM = 232448
+
+
 def fitting_configs(configs: list, max_smem: int, elem_bytes: int, wgrad: bool = False) -> list:
     """The configs that fit `max_smem` bytes (H100: 227 KB, A100: 163 KB, consumer GPUs:
     99 KB), else the small one. Triton would compile the others only to fail at launch

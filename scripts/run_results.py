@@ -421,7 +421,8 @@ def missing_commands(sweep: str, found: dict[str, list[Any]],
     missing seeds, the sweep's own seeds left to the sweep file. A seed whose directory in
     the sweep's holds a finished run of another config (`skipped`: stale) gets `fresh=true`,
     which run.py asks for there (a new sibling directory); only those: an unfinished run
-    must resume, not start over beside itself."""
+    must resume, not start over beside itself. (Checkpoints of another config without a
+    results.json are not seen here: the trainer asks for fresh=true at that job.)"""
     every = sweep_seeds(sweep)
     stale = stale_in_sweep(sweep, skipped)
     groups: dict[tuple[tuple[int, ...], bool], list[str]] = {}
@@ -441,9 +442,10 @@ def stale_in_sweep(sweep: str, skipped: Iterable[Skipped]) -> set[tuple[str, int
     (runs/sweeps/<sweep>/<experiment>/trainer.seed=<seed>, where relaunching it trains)."""
     out = set()
     for s in skipped:
-        seed = re.fullmatch(r"trainer\.seed=(\d+)", s.path.name)
-        if seed and s.why.startswith(STALE) and s.path.parent.name == s.name and \
-                s.path.parent.parent.name == sweep:
+        path = s.path.resolve()  # `--runs .` inside the sweep's directory
+        seed = re.fullmatch(r"trainer\.seed=(\d+)", path.name)
+        if seed and s.why.startswith(STALE) and path.parent.name == s.name and \
+                path.parent.parent.name == sweep:
             out.add((s.name, int(seed[1])))
     return out
 

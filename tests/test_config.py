@@ -65,7 +65,7 @@ def test_dropout_outside_0_1_is_refused(exp, override):
 @pytest.mark.parametrize("override,error", [
     ("model.d_model=0", "model.d_model must be >= 1, got 0"),
     ("model.n_heads=-1", "model.n_heads must be >= 1, got -1"),
-    ("trainer.lr=-1", "trainer.lr must be > 0, got -1.0"),
+    ("trainer.lr=-1", "trainer.lr must be >= 0, got -1.0"),
     ("trainer.eps=0", "trainer.eps must be > 0, got 0.0"),
     ("trainer.warmup_steps=-5", "trainer.warmup_steps must be >= 0, got -5"),
     ("trainer.grad_clip=-1", "trainer.grad_clip must be >= 0, got -1.0"),
@@ -228,6 +228,8 @@ def test_a_config_file_that_is_not_yaml_is_one_line(tmp_path, monkeypatch, capsy
      "x.yaml sets name: mini_moe; an experiment's name is its file's (its runs go to "
      "runs/<name>/): write name: x"),
     ("# @package _global_\nffn:\n  k: 2\n", "x.yaml sets name: None;"),
+    ("# @package _global_\nname: x\ntrainr:\n  steps: 2\n",
+     "x.yaml: unknown top-level key 'trainr' (did you mean 'trainer'?)"),
 ])
 def test_a_new_experiment_file_gets_header_and_name_checked(tmp_path, monkeypatch, capsys,
                                                             text, error):
@@ -243,6 +245,14 @@ def test_a_new_experiment_file_gets_header_and_name_checked(tmp_path, monkeypatc
     assert str(e.value).startswith(f"{tmp_path}/exp/{error}")
     (tmp_path / "exp" / "x.yaml").write_text("\n# @package _global_\n# the x run\nname: x\n")
     cli.check_experiment("x")
+    # in a sweep's list too (make_sweeps puts a new experiment there), unless +exp= replaces it
+    (tmp_path / "exp" / "x.yaml").write_text(text)
+    (tmp_path / "sweep").mkdir()
+    (tmp_path / "sweep" / "s.yaml").write_text("hydra:\n  sweeper:\n    params:\n"
+                                               "      +exp: x\n")
+    with pytest.raises(SystemExit):
+        cli.prepare_argv(["run.py", "-m", "+sweep=s", "hydra/launcher=basic", "mode=params"])
+    assert capsys.readouterr().err.startswith(f"error: {tmp_path}/exp/{error}")
 
 
 def test_an_unknown_top_level_key_is_one_line(tmp_path):

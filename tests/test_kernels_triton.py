@@ -242,14 +242,11 @@ def test_kernels_compile_for_hopper():
         assert r["shared_bytes"] <= 227 * 1024, r  # fits an H100 SM
 
 
-H100_SMEM = 232448  # bytes per block (227 KB), what Triton reports as max_shared_mem
-
-
 def test_smem_estimate_is_what_triton_allocates():
     """fitting_configs' estimate is the shared memory of every compiled fp32 config of the
     gather and scatter kernels (sm_90) and bounds the wgrad kernel's, so the pruning drops
     exactly the configs that cannot run on an H100."""
-    from kernels.triton_launch import MM_CONFIGS, WGRAD_CONFIGS, fitting_configs
+    from kernels.triton_launch import H100_SMEM, MM_CONFIGS, WGRAD_CONFIGS, fitting_configs
 
     reports = _compile_for_hopper("fp32", "--all-configs")
     by_kernel = {k: [r for r in reports if r["kernel"] == k]
@@ -275,6 +272,7 @@ def test_smem_estimate_is_what_triton_allocates():
 
 def test_fitting_configs_per_gpu():
     from kernels.triton_launch import (
+        H100_SMEM,
         MM_CONFIGS,
         SMALL_CONFIG,
         WGRAD_CONFIGS,

@@ -160,3 +160,18 @@ def test_wandb_summaries_become_plain_dicts():
     got = run_results.plain(data)
     assert got == {"name": "c4", "sha256": {"train": "a", "valid": "b"}, "l": [{}]}
     assert run_versions.data_label(got) is not None
+
+
+def test_stale_runs_of_a_sweep_are_found_from_relative_paths_too(tmp_path, monkeypatch):
+    """`--runs .` inside runs/sweeps/mini gives paths without the sweep's directory name."""
+    sweep = tmp_path / "runs" / "sweeps" / "mini"
+    (sweep / "mini_wiki_moe" / "trainer.seed=1").mkdir(parents=True)
+    stale = f"{run_results.STALE} configs/exp/mini_wiki_moe.yaml (stale, ...)"
+    skipped = [run_results.Skipped(Path("mini_wiki_moe/trainer.seed=1"), "mini_wiki_moe", stale),
+               run_results.Skipped(Path("mini_wiki_moe/ffn.k=2,trainer.seed=0"), "mini_wiki_moe",
+                                   stale),  # another config on purpose: no sweep job of it
+               run_results.Skipped(Path("other/trainer.seed=2"), "other", "unreadable")]
+    monkeypatch.chdir(sweep)
+    assert run_results.stale_in_sweep("mini", skipped) == {("mini_wiki_moe", 1)}
+    monkeypatch.chdir(tmp_path)  # the same paths, seen from elsewhere: not the sweep's
+    assert run_results.stale_in_sweep("mini", skipped) == set()

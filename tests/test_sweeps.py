@@ -344,8 +344,8 @@ def test_unknown_sweep_or_slurm_without_slurm_is_one_line(monkeypatch, capsys):
         with pytest.raises(ConfigError, match="srun is not on this machine.*hydra/launcher=local"):
             cli.check_launcher(args, sweep)
     for args, sweep in ((["hydra/launcher=basic"], "dense"), ([], "mini"), ([], None),
-                        (["hydra/launcher=local"], "moe")):
-        cli.check_launcher(args, sweep)  # launchers that need no Slurm
+                        (["hydra/launcher=local"], "moe"), (["hydra/launcher=joblib"], "moe")):
+        cli.check_launcher(args, sweep)  # launchers that need no Slurm (or another plugin's)
     with pytest.raises(ConfigError) as e:
         cli.check_launcher(["hydra/launcher=lcoal"], "moe")
     assert str(e.value) == ("unknown launcher 'lcoal'. Did you mean local? Choose "
