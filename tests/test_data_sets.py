@@ -22,7 +22,7 @@ import sentencepiece as spm
 from framework.config import from_dict
 from framework.data import DATASETS, DataError, enwik8, hf_stream, subword
 from framework.data import cache as subword_cache
-from framework.data.base import bytes_to_ids
+from framework.data.base import bytes_to_ids, split_contiguous
 from framework.data.enwik8 import Enwik8, Enwik8Config, split_sizes
 from framework.data.hf_stream import C4, C4Config, Pes2o, Pes2oConfig
 from framework.data.wikitext_mini import WikitextMini, WikitextMiniConfig
@@ -48,6 +48,14 @@ def test_registry_and_yamls_agree():
         assert fields.pop("kind") == name
         cls = DATASETS.get(name)
         assert from_dict(cls.Config, fields) == cls.Config()  # the yaml states the defaults
+
+
+def test_split_contiguous_is_first_next_last():
+    """The embedded corpora's splits, like enwik8's 90M / 5M / 5M."""
+    ids = np.arange(1000)
+    parts = split_contiguous(ids, (0.9, 0.05, 0.05))
+    assert [len(parts[k]) for k in ("train", "valid", "test")] == [900, 50, 50]
+    np.testing.assert_array_equal(np.concatenate(list(parts.values())), ids)
 
 
 def test_wt103_each_line_encoded_blank_lines_dropped_splits_exact(tmp_path, caplog):

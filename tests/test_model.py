@@ -275,3 +275,44 @@ def test_an_evaluation_into_a_log_file_says_how_far_it_got(monkeypatch, capsys):
         f"eval valid: segment {i}/6 | 00:00 left" for i in range(1, 6)]
     task.evaluate("valid", batch_size=2, mem_segments=2)  # progress=False: nothing
     assert capsys.readouterr().err == ""
+
+
+def test_memory_keeps_the_newest_layer_inputs():
+    """Layer l's memory is its input over the last eval_mem_len tokens read, not the first
+    (with two segments it is never longer than the memory, so both look the same)."""
+    torch.manual_seed(0)
+    model = make("dense", mem_len=8).eval()
+    model.cfg = model.cfg.__class__(**{**model.cfg.__dict__, "eval_mem_len": 16})
+    tokens_BT = torch.randint(0, V, (2, 24))
+    mems = None
+    with torch.no_grad():
+        for s in range(3):
+            _, mems = model(tokens_BT[:, 8 * s: 8 * s + 8], mems)
+        torch.testing.assert_close(mems[0], model.embedding(tokens_BT[:, 8:24]))
+
+
+def test_micro_batches_read_their_own_rows_of_the_memory():
+    """With grad_accum, micro-batch i continues streams i*m..(i+1)*m-1: the memory rows of
+    those streams. The second step (the first with memory) gives the same losses either way."""
+    losses = []
+    for n_micro in (1, 2):
+        torch.manual_seed(3)
+        task = toy_task(make("dense", mem_len=8).eval(), n_tokens=4 * 40, batch_size=4,
+                        context=8)  # eval: no dropout, the same numbers either way
+        with torch.no_grad():
+            for _ in range(2):
+                ces = [m["ce"] for _, m in task.train_losses(n_micro)]
+        losses.append(torch.stack(ces).mean())
+    torch.testing.assert_close(losses[0], losses[1], atol=1e-5, rtol=0)
+
+
+def test_evaluate_keeps_the_memory_segments_it_is_asked_for():
+    """evaluate(mem_segments=1) keeps one segment of memory whatever the model could keep."""
+    losses = []
+    for eval_mem_len in (64, 8):
+        torch.manual_seed(5)
+        model = make("dense", mem_len=8)
+        model.cfg = model.cfg.__class__(**{**model.cfg.__dict__, "eval_mem_len": eval_mem_len})
+        task = toy_task(model, n_tokens=2 * 49, context=8)
+        losses.append(task.evaluate("valid", batch_size=2, mem_segments=1)["loss"])
+    assert losses[0] == pytest.approx(losses[1], rel=1e-6)

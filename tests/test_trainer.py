@@ -253,3 +253,29 @@ def test_grad_accum_gives_the_gradient_of_the_whole_batch(tmp_path):
         norms += [r["train/grad_norm"] for r in metrics(tmp_path / str(accum))
                   if "train/grad_norm" in r]
     assert len(norms) == 2 and norms[0] == pytest.approx(norms[1], rel=1e-4)
+
+
+def test_resume_restores_the_fp16_loss_scale(tmp_path, monkeypatch):
+    """The GradScaler's scale is part of the state: a resumed fp16 run must not start over
+    at 65536 and overflow its way down again (nor skip the steps that takes)."""
+    cfg = compose_cfg([*TINY, *TINY_MOE, "trainer.precision=fp16", "trainer.steps=4",
+                       "trainer.ckpt_every=2", "task.val_segments=1", "task.final_segments=1"])
+    real_checkpoint = Trainer.checkpoint
+
+    def checkpoint_with_backed_off_scale(self):
+        self.scaler.update(new_scale=1234.0)  # as if overflows had lowered it
+        real_checkpoint(self)
+
+    monkeypatch.setattr(Trainer, "checkpoint", checkpoint_with_backed_off_scale)
+    interrupt_after_first_checkpoint(monkeypatch, cfg, tmp_path)
+    monkeypatch.undo()
+    scales = []
+    real_load = Trainer.load_state_dict
+
+    def load(self, state):
+        real_load(self, state)
+        scales.append(self.scaler.get_scale())
+
+    monkeypatch.setattr(Trainer, "load_state_dict", load)
+    RUN(cfg, tmp_path)
+    assert scales == [1234.0]
