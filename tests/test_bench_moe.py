@@ -142,3 +142,39 @@ def test_gpu_targets_are_judged_from_the_sweep_that_ran_the_case(capsys, monkeyp
     # fp16, or no Triton: nothing is run to be told "not judged" after it
     for dtype, backends in ((torch.float16, ["triton"]), (torch.bfloat16, ["grouped_mm"])):
         assert bench_moe.gpu_target(args, dtype, backends, {}, {})["pass"] is None
+
+
+def test_moe_bytes_count_the_sorted_rows_t_times_k():
+    """Mutant `six(T * K, G, ...)` -> `six(T, G, ...)`: the MoE's gathered operands counted
+    once, not K times (docstring)."""
+    c = {"d_model": 4, "n_experts": 2, "expert_size": 3, "d_ff": 6}
+    # dense: 3 * (2*5*4 + 2*5*6 + 2*24) = 444; MoE: 3 * (2*10*4 + 2*10*3 + 2*24) = 564,
+    # selection 3*5*4 + 6*5*2 + 3*2*4 = 144; x 2 bytes
+    assert bench_moe.bytes_moved(c, 5, 2, 2) == (888, 1416)
+
+
+def _fake_cpu_case(ratio):
+    res = {"torch": {"ratio_to_dense": ratio, "ratio_iqr": [ratio, ratio], "ms": ratio,
+                     "ms_all": [ratio]},
+           "dense": {"ms": 1.0, "ms_all": [1.0]}, "dense_nobias": {"ms_all": [1.0]},
+           "torch_experts_only": {"ratio_to_dense": ratio}}
+    return {"results": res}
+
+
+@pytest.mark.parametrize("ratio, ok", [(0.33, True), (0.3301, False)])
+def test_cpu_target_is_ratio_at_most_the_limit(monkeypatch, ratio, ok):
+    """Mutant `ratio <= CPU_TARGET_RATIO` -> `<` (the target is `<= 0.33`)."""
+    monkeypatch.setattr(bench_moe, "bench_case", lambda *a, **k: _fake_cpu_case(ratio))
+    monkeypatch.setattr(bench_moe, "print_case", lambda *a: None)
+    args = argparse.Namespace(tokens=8192, k=4, warmup=0, reps=1)
+    assert bench_moe.cpu_target(args, torch.float32, ["torch"], {})["pass"] is ok
+
+
+def test_the_peak_of_a_known_gpu_follows_the_dtype(monkeypatch):
+    """Mutant: fp32 and 16-bit peaks swapped in device_peaks."""
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H100 80GB HBM3")
+    args = argparse.Namespace(peak_tflops=None, peak_gbps=None)
+    bf16 = bench_moe.device_peaks(args, "cuda", torch.bfloat16)
+    fp32 = bench_moe.device_peaks(args, "cuda", torch.float32)
+    assert (bf16["flop_s"], fp32["flop_s"], bf16["bytes_s"]) == (989e12, 67e12, 3.35e12)
+    assert bf16["source"] == "table"

@@ -3,6 +3,7 @@ concurrent preparation, and the one-line error for missing data. Local fixtures 
 from __future__ import annotations
 
 import hashlib
+import json
 import multiprocessing as mp
 import random
 import time
@@ -11,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from framework.data import DataError, subword
+from framework.data import DataError, cache, subword
 from framework.data.cache import find_prepared
 from framework.data.enwik8 import Enwik8, Enwik8Config
 from framework.data.wt103 import FILES, Wt103, Wt103Config, settings
@@ -274,3 +275,30 @@ def test_preparing_inside_a_run_says_what_it_is_doing(tmp_path, capsys):
         log = logging.getLogger("framework")
         log.handlers.clear()
         log.setLevel(logging.NOTSET)
+
+
+def _entry(root: Path, settings, source: str, created: float, fmt=cache.FORMAT) -> Path:
+    path = root / f"{cache.digest(settings)}-{cache.digest(source)}"
+    path.mkdir(parents=True)
+    (path / cache.MANIFEST).write_text(json.dumps(
+        {"format": fmt, "settings": settings, "source": source, "created": created,
+         "arrays": {}}))
+    return path
+
+
+def test_find_prepared_takes_the_newest_entry(tmp_path):
+    """Mutant `max(found, key=created)` -> `min`."""
+    settings = {"vocab": 8000}
+    _entry(tmp_path, settings, "a", created=100.0)
+    newest = _entry(tmp_path, settings, "b", created=200.0)
+    _entry(tmp_path, settings, "c", created=150.0)
+    assert find_prepared(tmp_path, settings).path == newest
+
+
+def test_an_entry_of_another_format_is_not_read(tmp_path):
+    """Mutant: `_read_entry` drops its `format == FORMAT` check (old layouts would load)."""
+    settings = {"vocab": 8000}
+    _entry(tmp_path, settings, "a", created=100.0, fmt=cache.FORMAT - 1)
+    assert find_prepared(tmp_path, settings) is None
+    ok = _entry(tmp_path, settings, "b", created=50.0)
+    assert find_prepared(tmp_path, settings).path == ok

@@ -412,3 +412,26 @@ def test_checkpoints_of_another_config_are_not_resumed(tmp_path):
     after = {p.name: p.stat().st_mtime_ns for p in tmp_path.iterdir() if p.name in before}
     assert {k: v for k, v in before.items() if k.startswith("checkpoint")} == {
         k: v for k, v in after.items() if k.startswith("checkpoint")}
+
+
+def test_volatile_keys_leave_the_config_hash_alone():
+    """Mutant: "paper" dropped from VOLATILE (correcting a paper number in an exp file would
+    make every finished run of it stale)."""
+    from framework.experiment import config_hash
+
+    cfg = {"model": {"d_model": 16}, "trainer": {"seed": 0, "lr": 1e-3}, "paper": {"a": 1}}
+    for key, value in (("paper", {"a": 2}), ("logger", "wandb"), ("fresh", True),
+                       ("mode", "eval"), ("sweep_name", "moe")):
+        assert config_hash({**cfg, key: value}) == config_hash(cfg), key
+    assert config_hash({**cfg, "model": {"d_model": 32}}) != config_hash(cfg)
+
+
+def test_fresh_dir_goes_above_the_highest_sibling(tmp_path):
+    """Mutant `max(...)` -> `min(...)` in _newest_fresh_sibling: with -2 and -3 present,
+    fresh=true would pick -3 again (a finished run's directory)."""
+    from framework.experiment import fresh_dir
+
+    run = tmp_path / "exp" / "trainer.seed=0"
+    for d in (run, run.with_name(run.name + "-3"), run.with_name(run.name + "-2")):
+        d.mkdir(parents=True)
+    assert fresh_dir(run) == run.with_name(run.name + "-4")

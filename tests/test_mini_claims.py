@@ -14,7 +14,7 @@ import pytest
 from framework.code_version import code_fingerprint, code_version
 from framework.experiment import run_hashes
 from scripts import mini_claims
-from scripts.mini_claims import Claim, check_claims, compare, verdict
+from scripts.mini_claims import Claim, Comparison, check_claims, compare, verdict
 from scripts.run_versions import CODE_HEADING
 from tests.helpers import compose_cfg, compose_sweep, jobs, load
 
@@ -243,3 +243,25 @@ def test_sweep_runs_every_mini_experiment_three_times_sequentially():
     assert cfg.sweep_name == "mini"
     got = sorted((j["+exp"], j["trainer.seed"]) for j in jobs(cfg))
     assert got == sorted((e, s) for e in MINI for s in "012")
+
+
+def test_t_uses_both_sample_sizes():
+    """Mutant `sqrt(1/n_a + 1/n_b)` -> `sqrt(2/n_a)` (right only for equal n)."""
+    a, b = [1.0, 1.2], [2.0, 2.1, 1.9, 2.0]
+    c = compare(a, b)
+    pooled = math.sqrt((0.02 + 0.02) / 4)
+    assert c.pooled == pytest.approx(pooled)
+    assert c.t == pytest.approx(c.diff / (pooled * math.sqrt(1 / 2 + 1 / 4)))
+
+
+def test_beats_boundaries_are_inclusive():
+    """Mutants `t <= -t_min` -> `<` and `t >= t_min` -> `>` (docstring: holds if t <= -2,
+    fails if t >= 2)."""
+    assert verdict("beats", Comparison(-0.2, -0.1, 0.1, -2.0)) == "holds"
+    assert verdict("beats", Comparison(0.2, 0.1, 0.1, 2.0)) == "fails"
+
+
+def test_matches_boundary_of_the_one_percent_rule_is_inclusive():
+    """Mutant `abs(c.rel) <= match_rel` -> `<` (docstring: |diff| <= 1% of mean_b)."""
+    assert verdict("matches", Comparison(0.01, 0.01, None, None)) == "holds"
+    assert verdict("matches", Comparison(0.0101, 0.0101, None, None)) == "fails"

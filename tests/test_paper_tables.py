@@ -426,3 +426,47 @@ def test_real_experiment_files_give_the_papers_flops():
             checked += 1
     if not checked:
         pytest.skip("no ablation experiments in configs/exp yet")
+
+
+# -- from mutation testing: cells, rows and notes of one table ------------------
+def _exp(name="x"):
+    return paper_tables.Experiment(name, name, 40.0, [
+        {"table": "moe", "row": "Dense", "column": "E8", "value": 1.0}],
+        {"ffn": {"kind": "dense"}, "dataset": {"kind": "enwik8"}})
+
+
+def run_record(seed, test, n_params, name="x"):
+    """A counted run of `name` (seed, test bpc, parameter count) as find_runs returns it."""
+    return run_results.Run(name, seed, "bpc", {"bpc": test + 0.1}, {"bpc": test}, n_params,
+                           f"/r/{seed}")
+
+
+def test_cell_params_are_the_mean_over_seeds():
+    """Mutant `statistics.fmean(counts)` -> `max(counts)`."""
+    t = paper_tables.build_table("moe", {"x": _exp()}, {
+        "x": [run_record(0, 1.0, 40_000_000), run_record(1, 1.2, 42_000_000)]})
+    cell = t.rows[0][2][0]
+    assert cell.n_params == pytest.approx(41_000_000)
+    assert "· 41M ·" in paper_tables.cell_text(cell)
+
+
+def test_notes_list_only_the_tables_experiments():
+    """Mutant: `out.notes = [str(s) for s in skipped]` (the filter on the table's experiments
+    dropped: every table lists every other table's left-out runs)."""
+    skipped = [run_results.Skipped(Path("/r/a"), "x", "stale"),
+               run_results.Skipped(Path("/r/b"), "not_here", "stale"),
+               run_results.Skipped(Path("/r/c"), None, "unreadable")]
+    t = paper_tables.build_table("moe", {"x": _exp()}, {}, skipped)
+    assert t.notes == ["/r/a: stale"]
+
+
+def test_labels_not_in_the_papers_order_follow_the_listed_ones():
+    """Mutant `len(pref) + i` -> `i`: unlisted labels interleave with the paper's rows."""
+    assert paper_tables.ordered(["Z", "B", "A"], ("A", "B")) == ["A", "B", "Z"]
+    assert paper_tables.ordered(["new", "Dense"], ("Dense",)) == ["Dense", "new"]
+
+
+def test_topk_keeps_the_dense_flops():
+    """Mutant `("dense", "topk")` -> `("dense",)`: a top-k config gets no FLOPs (None)."""
+    assert config_relative_flops({"ffn": {"kind": "topk", "k": 128, "d_ff": 2053}}) == 1.0
+    assert config_relative_flops({"ffn": {"kind": "dense", "d_ff": 2053}}) == 1.0

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from scripts import paper_tables, run_results, run_versions
-from tests.test_paper_tables import fake_run, write_exp
+from tests.test_paper_tables import fake_run, run_record, write_exp
 
 ROOT = Path(__file__).resolve().parent.parent
 MOE_ENTRY = {"table": "moe", "row": "σ-MoE", "column": "Mini", "value": 2.9}
@@ -175,3 +175,30 @@ def test_stale_runs_of_a_sweep_are_found_from_relative_paths_too(tmp_path, monke
     assert run_results.stale_in_sweep("mini", skipped) == {("mini_wiki_moe", 1)}
     monkeypatch.chdir(tmp_path)  # the same paths, seen from elsewhere: not the sweep's
     assert run_results.stale_in_sweep("mini", skipped) == set()
+
+
+# -- from mutation testing: runs judged without a config hash, data versions --------
+def test_an_unhashed_run_with_other_overrides_counts_only_with_all_overrides():
+    """Mutant `same = not extra` -> `same = True`: a pre-hash run of `ffn.d_ff=32` counted
+    as the experiment's own seed."""
+    cfgs = {"tiny": {"trainer": {"seed": 0}}}
+    other = Path("/r/tiny/ffn.d_ff=32,trainer.seed=0")
+    why, own = run_results.Judge(Path("/x"), cfgs)("tiny", 0, other, run_hash=None)
+    assert own is False and "with overrides ffn.d_ff=32" in why
+    with_all = run_results.Judge(Path("/x"), cfgs, all_overrides=True)
+    assert with_all("tiny", 0, other, run_hash=None) == (None, False)
+    assert run_results.Judge(Path("/x"), cfgs)("tiny", 0, Path("/r/tiny/trainer.seed=0"),
+                                   run_hash=None) == (None, True)
+
+
+def test_one_recorded_data_version_beside_unrecorded_runs_is_no_difference():
+    """Mutant `len(set(groups) - {None}) < 2` -> `len(set(groups)) < 2`: runs from before
+    the sha256s were recorded would make a single version look like two."""
+    old = run_record(0, 1.0, None)
+    old.data = {"name": "enwik8"}  # no sha256 recorded
+    new = run_record(1, 1.0, None)
+    new.data = {"name": "enwik8", "sha256": {"train": "ab" * 32}}
+    assert run_versions.data_versions([old, new]) == []
+    other = run_record(2, 1.0, None)
+    other.data = {"name": "enwik8", "sha256": {"train": "cd" * 32}}
+    assert len(run_versions.data_versions([old, new, other])) == 3
