@@ -14,7 +14,13 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from framework.checkpoint import list_checkpoints
-from framework.config import TOP_LEVEL, ConfigError, first_line, is_environment_error
+from framework.config import (
+    TOP_LEVEL,
+    ConfigError,
+    did_you_mean,
+    first_line,
+    is_environment_error,
+)
 from framework.experiment import fresh_dir, read_results, run_hashes, unfinished_fresh_run
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
@@ -55,9 +61,8 @@ def check_experiment(name: str) -> None:
                           f"(its runs go to runs/<name>/): write name: {name}")
     for key in data:  # run.py checks the composed config too (check_top_level), naming no file
         if key not in (*TOP_LEVEL, "defaults"):
-            close = difflib.get_close_matches(str(key), TOP_LEVEL, n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise ConfigError(f"{path}: unknown top-level key {key!r}{hint}")
+            raise ConfigError(f"{path}: unknown top-level key {key!r}"
+                              f"{did_you_mean(key, TOP_LEVEL)}")
 
 
 def check_yaml(path: Path) -> Any:

@@ -10,7 +10,7 @@ import difflib
 import errno
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, TypeVar
 
 C = TypeVar("C")
@@ -74,6 +74,12 @@ def _check_type(where: str, value: Any, tp: Any) -> Any:
     return value
 
 
+def did_you_mean(key: object, known: Iterable[str]) -> str:
+    """' (did you mean 'x'?)' with the known name closest to a mistyped `key`, else ''."""
+    close = difflib.get_close_matches(str(key), list(known), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
 def from_dict(cls: type[C], data: Mapping[str, Any], where: str = "") -> C:
     """Build dataclass `cls` from `data`, refusing unknown keys and wrong types."""
     if isinstance(data, cls):
@@ -86,9 +92,7 @@ def from_dict(cls: type[C], data: Mapping[str, Any], where: str = "") -> C:
     for key, value in data.items():
         path = f"{where}.{key}" if where else str(key)
         if key not in fields:
-            close = difflib.get_close_matches(str(key), fields, n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise ConfigError(f"unknown config key {path!r}{hint}")
+            raise ConfigError(f"unknown config key {path!r}{did_you_mean(key, fields)}")
         kwargs[key] = _check_type(path, value, hints[key])
     try:
         return cls(**kwargs)
@@ -111,6 +115,5 @@ def check_top_level(cfg: Mapping[str, Any]) -> None:
                 f"the keys of experiment {cfg['exp'].get('name', '')!r} ended up under 'exp': "
                 "an experiment file must start with the line '# @package _global_'")
         if key not in TOP_LEVEL:
-            close = difflib.get_close_matches(str(key), TOP_LEVEL, n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise ConfigError(f"unknown config key {key!r} at the top level{hint}")
+            raise ConfigError(f"unknown config key {key!r} at the top level"
+                              f"{did_you_mean(key, TOP_LEVEL)}")
