@@ -63,6 +63,12 @@ def check_experiment(name: str) -> None:
         if key not in (*TOP_LEVEL, "defaults"):
             raise ConfigError(f"{path}: unknown top-level key {key!r}"
                               f"{did_you_mean(key, TOP_LEVEL)}")
+    chosen = {k for d in data.get("defaults") or [] if isinstance(d, dict) for k in d}
+    for group in ("ffn", "dataset"):  # kinds with keys of their own
+        if group in data and f"override /{group}" not in chosen:
+            raise ConfigError(f"{path} sets {group}.* keys but does not choose its {group}: add "
+                              f"'- override /{group}: <kind>' to its defaults (else its keys "
+                              f"go onto the default {group} of configs/config.yaml)")
 
 
 def check_yaml(path: Path) -> Any:
@@ -99,11 +105,19 @@ def _is_utf8(path: Path) -> bool:
 
 
 def dirname(overrides: str, limit: int = 120) -> str:
-    """Run directory name from the overrides; long ones are cut and suffixed with a hash
-    (file names have a 255-byte limit)."""
+    """Run directory name from the overrides: one directory, so a path in a value
+    (`dataset.source=/data/wt103`) has its `/` written `%2F` (and `%` `%25`; undone by
+    `undirname`); long ones are cut and suffixed with a hash (file names have a 255-byte
+    limit)."""
+    overrides = overrides.replace("%", "%25").replace("/", "%2F")
     if len(overrides) <= limit:
         return overrides
     return f"{overrides[:limit - 13]}..{hashlib.sha256(overrides.encode()).hexdigest()[:11]}"
+
+
+def undirname(name: str) -> str:
+    """The overrides a run directory's name was written from (`dirname`, uncut)."""
+    return name.replace("%2F", "/").replace("%25", "%")
 
 
 def register_resolvers() -> None:

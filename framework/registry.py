@@ -1,7 +1,8 @@
 """A small generic name -> object registry (docs/DESIGN.md, "Registries").
 
 The registry name is also the config file name, the `kind:` value and the wandb tag, so a
-failed lookup lists what exists and suggests the closest names.
+failed lookup lists what exists, suggests the closest names and says how a new one is added
+(a config file alone does not register anything).
 """
 from __future__ import annotations
 
@@ -18,8 +19,9 @@ class RegistryError(KeyError):
 
 
 class Registry(Generic[T]):
-    def __init__(self, what: str):
+    def __init__(self, what: str, how_to_add: str = ""):
         self.what = what
+        self.how_to_add = how_to_add  # "{name}" is the looked-up name
         self._items: dict[str, T] = {}
 
     def register(self, name: str) -> Callable[[T], T]:
@@ -35,9 +37,9 @@ class Registry(Generic[T]):
         if name not in self._items:
             close = difflib.get_close_matches(name, self._items, n=3, cutoff=0.5)
             hint = f" Did you mean {', '.join(map(repr, close))}?" if close else ""
-            raise RegistryError(
-                f"unknown {self.what} {name!r}.{hint} Known: {', '.join(sorted(self._items))}"
-            )
+            add = f" A new one: {self.how_to_add.format(name=name)}." if self.how_to_add else ""
+            raise RegistryError(f"unknown {self.what} {name!r}.{hint} Known: "
+                                f"{', '.join(sorted(self._items))}.{add}")
         return self._items[name]
 
     def __contains__(self, name: str) -> bool:

@@ -21,32 +21,53 @@ from typing import Any
 from models.ffn.dense import DenseConfig
 from models.ffn.experts import ExpertsConfig
 from models.ffn.pkm import PKMConfig
+from models.ffn.sbase import SBaseConfig
+from models.ffn.sigma_moe import SigmaMoEConfig
+from models.ffn.switch import SwitchConfig
 from models.ffn.topk import TopKConfig
 
 FLOPS_PER_MAC = 2
 
 
+def _experts_macs(cfg: ExpertsConfig, include_selection: bool) -> int:
+    """K experts of G units (two matrices each), and the selector W3 when asked."""
+    D = cfg.d_model
+    return 2 * D * cfg.k * cfg.expert_size + (D * cfg.n_experts if include_selection else 0)
+
+
+def _pkm_macs(cfg: PKMConfig, include_selection: bool) -> int:
+    """Per head: both halves' sub-key scores (2 x n_subkeys x D/2); then the weighted sum of
+    the k selected values per head (k x D), or, when all n^2 values are scored (cfg.dense),
+    one product with the whole value table (n^2 x D)."""
+    D = cfg.d_model
+    values = cfg.n_values if cfg.dense else cfg.heads * cfg.k
+    return cfg.heads * cfg.n_subkeys * D + values * D
+
+
+# by exact type: a subclass (a new variant built on one of these) may compute differently
+# (a GLU expert has three matrices), so it needs a formula of its own here
+_MACS = {
+    DenseConfig: lambda c, _: 2 * c.d_model * c.d_ff,
+    TopKConfig: lambda c, _: c.d_model * c.d_ff + c.k * c.d_model,  # only K rows of W2 used
+    PKMConfig: _pkm_macs,
+    ExpertsConfig: _experts_macs,  # the generic MoE of scripts/flops_table.py
+    SigmaMoEConfig: _experts_macs,
+    SwitchConfig: _experts_macs,
+    SBaseConfig: _experts_macs,
+}
+
+
+def has_flops_formula(cfg: Any) -> bool:
+    return type(cfg) in _MACS
+
+
 def ffn_flops(cfg: Any, include_selection: bool = False) -> int:
     """FLOPs of one token's forward pass through the FFN block described by `cfg` (the
     variant's Config dataclass). `include_selection` adds the MoE selector W3 (x N_E)."""
-    D = cfg.d_model
-    if isinstance(cfg, ExpertsConfig):  # sigma_moe, switch, sbase: K experts of G units
-        macs = 2 * D * cfg.k * cfg.expert_size
-        if include_selection:
-            macs += D * cfg.n_experts
-    elif isinstance(cfg, TopKConfig):  # full up-projection, only K rows of W2 are used
-        macs = D * cfg.d_ff + cfg.k * D
-    elif isinstance(cfg, DenseConfig):
-        macs = 2 * D * cfg.d_ff
-    elif isinstance(cfg, PKMConfig):
-        # per head: both halves' sub-key scores (2 x n_subkeys x D/2); then the weighted sum
-        # of the k selected values per head (k x D), or, when all n^2 values are scored
-        # (cfg.dense), one product with the whole value table (n^2 x D)
-        macs = cfg.heads * cfg.n_subkeys * D
-        macs += cfg.n_values * D if cfg.dense else cfg.heads * cfg.k * D
-    else:
-        raise TypeError(f"no FLOPs formula for {type(cfg).__name__}")
-    return FLOPS_PER_MAC * macs
+    if not has_flops_formula(cfg):
+        raise TypeError(f"no FLOPs formula for {type(cfg).__name__}: add one to "
+                        f"models/flops.py (_MACS)")
+    return FLOPS_PER_MAC * _MACS[type(cfg)](cfg, include_selection)
 
 
 def dense_counterpart(cfg: ExpertsConfig) -> DenseConfig:

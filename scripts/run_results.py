@@ -81,12 +81,14 @@ def run_overrides(run_dir: Path, name: str) -> str | None:
     """The overrides of `.../<name>/<overrides>` ('' for `.../<name>`), None if the
     directory was chosen by hand. A `fresh=true` sibling (`-2`, `-3`) has the same ones: the
     suffix goes when the directory it was made beside exists (`trainer.lr=1e-3` keeps it)."""
+    from framework.cli import undirname
+
     pat = re.compile(rf"^{re.escape(name)}(-\d+)?$")
     if pat.match(run_dir.name):
         return ""
     if pat.match(run_dir.parent.name):
         first = re.sub(r"-\d+$", "", run_dir.name)
-        return first if (run_dir.parent / first).is_dir() else run_dir.name
+        return undirname(first if (run_dir.parent / first).is_dir() else run_dir.name)
     return None
 
 

@@ -1,7 +1,9 @@
 """Tasks: `TASKS` maps `task.kind` to a `run(cfg, run_dir)` function (explicit imports)."""
 from framework.registry import Registry
 
-TASKS: Registry = Registry("task")
+TASKS: Registry = Registry(
+    "task", "decorate its run function with @TASKS.register({name!r}) and import its "
+    "module in tasks/__init__.py")
 
 from tasks import lm_run  # noqa: E402,F401  (fill the registry)
 

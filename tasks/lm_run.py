@@ -39,7 +39,7 @@ from framework.trainer import (
     seed_everything,
 )
 from models.ffn.experts import ExpertsConfig
-from models.flops import ffn_flops, relative_ffn_flops
+from models.flops import ffn_flops, has_flops_formula, relative_ffn_flops
 from models.transformer_xl import TransformerXL, n_params
 from tasks import TASKS
 from tasks.lm import (
@@ -185,7 +185,7 @@ def run(cfg: dict[str, Any], run_dir: Path) -> dict[str, Any] | None:
 def data_line(record: dict[str, Any]) -> str:
     """The start line about the data: split sizes, passes over train, where it came from."""
     sizes = "/".join(f"{n:,}" for n in record["tokens"].values())
-    where = record.get("cache_entry") or "embedded"
+    where = record.get("cache_entry") or record.get("source") or "embedded"
     return (f"data {record['name']}: {'/'.join(record['tokens'])} {sizes} tokens, "
             f"{record['train_epochs']:g} epochs of train | {where}")
 
@@ -217,27 +217,32 @@ def check_backend(model_cfg, device: torch.device, dtype: torch.dtype) -> None:
 def print_params(cfg: dict[str, Any], run_dir: Path | None = None) -> dict[str, Any]:
     """Parameter count of an experiment without allocating it (meta device). The line
     names the run directory when it is not the experiment's own (overrides, sweep jobs)."""
-    vocab = _vocab_of(cfg)
+    vocab = vocab_of(cfg)
     model_cfg = build_model_config(cfg, vocab)
     with torch.device("meta"):
         model = TransformerXL(model_cfg)
+    ffn = model_cfg.ffn
     out = {"n_params": n_params(model), "ffn_param_share": ffn_param_share(model),
-           "vocab_size": vocab, "ffn_flops_per_token": ffn_flops(model_cfg.ffn)}
+           "vocab_size": vocab}
     label = cfg.get("name")
     if run_dir is not None and run_dir.name != label:
         label = f"{label} [{run_dir.name}]"
     line = (f"{label}: {out['n_params'] / 1e6:.2f}M parameters "
-            f"(FFN {100 * out['ffn_param_share']:.1f}%), vocab {vocab}, "
-            f"FFN {out['ffn_flops_per_token'] / 1e6:.2f} MFLOPs/token/layer")
-    if isinstance(model_cfg.ffn, ExpertsConfig):
-        # Tab. flops_detailed: FLOPs and activation memory vs the dense MLP of width N_E * G
-        out["ffn_relative_flops"] = relative_ffn_flops(model_cfg.ffn)
-        line += f" = {100 * out['ffn_relative_flops']:.1f}% of dense FLOPs and memory"
+            f"(FFN {model_cfg.ffn_kind}: {100 * out['ffn_param_share']:.1f}%), vocab {vocab}, ")
+    if not has_flops_formula(ffn):  # a new variant: its own formula belongs in models/flops.py
+        line += f"FFN FLOPs unknown (no formula for {type(ffn).__name__} in models/flops.py)"
+    else:
+        out["ffn_flops_per_token"] = ffn_flops(ffn)
+        line += f"FFN {out['ffn_flops_per_token'] / 1e6:.2f} MFLOPs/token/layer"
+        if isinstance(ffn, ExpertsConfig):
+            # Tab. flops_detailed: FLOPs and activation memory vs the dense MLP of width N_E*G
+            out["ffn_relative_flops"] = relative_ffn_flops(ffn)
+            line += f" = {100 * out['ffn_relative_flops']:.1f}% of dense FLOPs and memory"
     print(line)
     return out
 
 
-def _vocab_of(cfg: dict[str, Any]) -> int:
+def vocab_of(cfg: dict[str, Any]) -> int:
     """The vocabulary from the config when it fixes it, else from the (prepared) data."""
     nominal = getattr(DATASETS.get(cfg["dataset"]["kind"]), "nominal_vocab_size", None)
     return int(cfg["dataset"].get("vocab_size") or nominal or load_data(cfg).vocab_size)

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 import torch
+import yaml
 from hydra import compose, initialize_config_dir
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -19,8 +20,17 @@ from framework.cli import register_resolvers
 from framework.trainer import Trainer
 from models.transformer_xl import TransformerXL, n_params
 from tasks.lm import build_model_config
+from tasks.lm_run import vocab_of
 
 CONFIGS = str(Path(__file__).resolve().parent.parent / "configs")
+EXP_DIR = Path(CONFIGS) / "exp"
+EXPS = sorted(p.stem for p in EXP_DIR.glob("*.yaml"))
+
+
+def tables_of(name: str) -> set[str]:
+    """The tables whose cells an experiment's file claims (its `paper:` block)."""
+    paper = yaml.safe_load((EXP_DIR / f"{name}.yaml").read_text()).get("paper") or {}
+    return {e["table"] for e in paper.get("entries") or []}
 
 TINY = [
     "model.d_model=32", "model.n_layers=2", "model.n_heads=2", "model.head_dim=16",
@@ -40,15 +50,18 @@ def compose_cfg(overrides: list[str], exp: str = "mini_moe") -> dict[str, Any]:
     return OmegaConf.to_container(cfg, resolve=True)
 
 
-BYTE_VOCAB = {"enwik8": 205, "enwik_mini": 205}  # docs/REFERENCE.md: the distinct bytes of enwik8
+@functools.cache
+def _vocab(dataset_json: str) -> int:
+    return vocab_of({"dataset": json.loads(dataset_json)})
 
 
 @functools.cache
 def load(name: str) -> tuple[dict[str, Any], Any, int]:
-    """Composed config, validated model config and parameter count (meta device)."""
+    """Composed config, validated model config and parameter count (meta device), with the
+    vocabulary `mode=params` uses: the config's, the dataset's nominal one (enwik8: 205,
+    docs/REFERENCE.md), else the (embedded) data's."""
     cfg = compose_cfg([], name)
-    data = cfg["dataset"]
-    vocab = data.get("vocab_size") or BYTE_VOCAB[data["kind"]]
+    vocab = _vocab(json.dumps(cfg["dataset"], sort_keys=True))
     model_cfg = build_model_config(cfg, vocab)
     with torch.device("meta"):
         count = n_params(TransformerXL(model_cfg))

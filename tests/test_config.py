@@ -9,6 +9,7 @@ import pytest
 
 from framework.config import ConfigError, from_dict
 from framework.registry import Registry, RegistryError
+from models.ffn import FFNS
 from models.ffn.sigma_moe import SigmaMoEConfig
 from tasks.lm import build_model_config
 from tests.helpers import compose_cfg
@@ -29,6 +30,29 @@ def test_registry_refuses_duplicates_and_suggests():
         reg.register("sigma_moe")(object)
     with pytest.raises(RegistryError, match="Did you mean 'sigma_moe'"):
         reg.get("sigma_mo")
+    # a new variant's yaml alone registers nothing: the message says what does
+    with pytest.raises(RegistryError) as e:
+        FFNS.get("sigma_moe_glu")
+    assert str(e.value) == (
+        "unknown ffn variant 'sigma_moe_glu'. Did you mean 'sigma_moe'? Known: dense, pkm, "
+        "sbase, sigma_moe, switch, topk. A new one: decorate its class with "
+        "@FFNS.register('sigma_moe_glu') and import its module in models/ffn/__init__.py.")
+
+
+def test_a_path_in_an_override_stays_one_directory_level(tmp_path):
+    """`dataset.source=/data/wt103` made runs/<name>/dataset.source=/data/wt103: nested
+    directories that the tables took for ones chosen by hand."""
+    from framework.cli import dirname, undirname
+    from scripts.run_results import run_overrides
+
+    over = "dataset.source=/data/wt 103/,trainer.lr=5%2F"
+    name = dirname(over)
+    assert name == "dataset.source=%2Fdata%2Fwt 103%2F,trainer.lr=5%252F"
+    assert undirname(name) == over
+    (tmp_path / "x" / name).mkdir(parents=True)
+    assert run_overrides(tmp_path / "x" / name, "x") == over
+    long = dirname("dataset.source=" + "/abc" * 100)
+    assert "/" not in long and len(long) == 120
 
 
 def test_from_dict_is_strict():
@@ -230,6 +254,12 @@ def test_a_config_file_that_is_not_yaml_is_one_line(tmp_path, monkeypatch, capsy
     ("# @package _global_\nffn:\n  k: 2\n", "x.yaml sets name: None;"),
     ("# @package _global_\nname: x\ntrainr:\n  steps: 2\n",
      "x.yaml: unknown top-level key 'trainr' (did you mean 'trainer'?)"),
+    # keys of a variant without choosing it: they went onto the default ffn (sigma_moe)
+    ("# @package _global_\ndefaults:\n  - override /model: mini\nname: x\nffn:\n  k: 2\n",
+     "x.yaml sets ffn.* keys but does not choose its ffn: add '- override /ffn: <kind>' to "
+     "its defaults (else its keys go onto the default ffn of configs/config.yaml)"),
+    ("# @package _global_\nname: x\ndataset:\n  fractions: [0.8, 0.1, 0.1]\n",
+     "x.yaml sets dataset.* keys but does not choose its dataset"),
 ])
 def test_a_new_experiment_file_gets_header_and_name_checked(tmp_path, monkeypatch, capsys,
                                                             text, error):

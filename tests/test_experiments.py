@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
@@ -21,11 +20,11 @@ from models.ffn.pkm import PKMConfig
 from models.ffn.sigma_moe import SigmaMoEConfig
 from models.ffn.topk import TopKConfig
 from models.flops import dense_counterpart, ffn_flops, relative_ffn_flops
-from tests.helpers import load
+from tests.helpers import EXP_DIR, EXPS, compose_cfg, load, tables_of
 
-EXP_DIR = Path(__file__).resolve().parent.parent / "configs" / "exp"
-EXPS = sorted(p.stem for p in EXP_DIR.glob("*.yaml"))
-PAPER_EXPS = [e for e in EXPS if not e.startswith("mini_")]
+# a run of the paper claims a cell of one of its tables; the others are the laptop's (the
+# `mini` table) or a user's own (no `paper:` block), held to every check but the paper's
+PAPER_EXPS = [e for e in EXPS if tables_of(e) - {"mini"}]
 
 # name prefix -> dataset kind, d_model, n_layers, column label in the paper's tables
 SETTINGS = {
@@ -133,10 +132,15 @@ def params_by_formula(m) -> int:
     modules: embedding, per layer attention (Q, K, V, positions, output; u, v; the scale)
     + 2 LayerNorms + the FFN block, the final LayerNorm and the output layer with bias."""
     D, inner, f = m.d_model, m.n_heads * m.head_dim, m.ffn
-    ffn = {"dense": lambda: 2 * D * f.d_ff + f.d_ff + D,
-           "topk": lambda: 2 * D * f.d_ff + f.d_ff + D,
-           "pkm": lambda: f.heads * f.n_subkeys * D + f.n_values * D,
-           }.get(m.ffn_kind, lambda: f.n_experts * (2 * D * f.expert_size + D))()
+    experts = lambda: f.n_experts * (2 * D * f.expert_size + D)  # noqa: E731
+    formulas = {"dense": lambda: 2 * D * f.d_ff + f.d_ff + D,
+                "topk": lambda: 2 * D * f.d_ff + f.d_ff + D,
+                "pkm": lambda: f.heads * f.n_subkeys * D + f.n_values * D,
+                "sigma_moe": experts, "switch": experts, "sbase": experts}
+    if m.ffn_kind not in formulas:
+        pytest.fail(f"no parameter formula for ffn={m.ffn_kind}: write its count out in "
+                    f"params_by_formula (tests/test_experiments.py)")
+    ffn = formulas[m.ffn_kind]()
     layer = 5 * inner * D + 2 * inner + 1 + 4 * D + ffn
     return m.vocab_size * D + m.n_layers * layer + 2 * D + D * m.vocab_size + m.vocab_size
 
@@ -160,7 +164,7 @@ def test_experiment_composes_builds_and_is_well_formed(name):
         assert e["column"] in TABLES[e["table"]], f"{name}: {e['table']} has no {e['column']!r}"
         assert isinstance(e["row"], str) and "\\" not in e["row"] and "$" not in e["row"]
         assert e["value"] is None or isinstance(e["value"], float)
-    if name.startswith("mini_"):
+    if name not in PAPER_EXPS:
         assert paper["params_m"] is None and all(e["table"] == "mini" for e in paper["entries"])
         return
 
@@ -258,6 +262,35 @@ def test_ffn_flops_formulas():
     assert relative_ffn_flops(moe) == 4 / 16
     # against the real baseline (d_ff 2053, not 2048) the ratio is 24.9%, not the table's 25.0
     assert round(paper_pct(relative_ffn_flops(moe, DenseConfig(D, 16, 2053))), 1) == 24.9
+
+
+def test_a_new_variant_needs_its_own_flops_formula(monkeypatch, capsys):
+    """A variant built on a known Config (a GLU expert: three matrices) got its parent's
+    formula and printed wrong FLOPs; mode=params now says there is none."""
+    from dataclasses import dataclass
+
+    from models.ffn import FFNS
+    from models.ffn.sigma_moe import SigmaMoE
+    from tasks.lm_run import print_params
+
+    @dataclass(frozen=True)
+    class GLUConfig(SigmaMoEConfig):
+        pass
+
+    class GLU(SigmaMoE):
+        Config = GLUConfig
+
+    with pytest.raises(TypeError, match="no FLOPs formula for GLUConfig: add one to "
+                                        "models/flops.py"):
+        ffn_flops(GLUConfig(412, 16, n_experts=16, expert_size=128, k=4))
+    monkeypatch.setitem(FFNS._items, "glu", GLU)
+    out = print_params(compose_cfg(["ffn.kind=glu"]))
+    line = capsys.readouterr().out
+    assert line.startswith("mini_moe: 3.53M parameters (FFN glu: ")
+    assert line.endswith(", FFN FLOPs unknown (no formula for GLUConfig in models/flops.py)\n")
+    assert "ffn_flops_per_token" not in out
+    print_params(compose_cfg([]))
+    assert "(FFN sigma_moe: " in capsys.readouterr().out
 
 
 def test_relative_flops_match_the_paper():

@@ -47,7 +47,7 @@ def test_yaml_defaults_build_and_match_dense_parameter_count(model, overrides):
     for name in FFNS.names():
         if name == "dense":
             continue
-        count = n_params(build(name, model, **overrides[name]))
+        count = n_params(build(name, model, **overrides.get(name, {})))
         assert abs(count / dense - 1) < 0.01, (name, count, dense)
 
 

@@ -16,12 +16,11 @@ from framework.experiment import run_hashes
 from scripts import mini_claims
 from scripts.mini_claims import Claim, Comparison, check_claims, compare, verdict
 from scripts.run_versions import CODE_HEADING
-from tests.helpers import compose_cfg, compose_sweep, jobs, load
+from tests.helpers import EXPS, compose_cfg, compose_sweep, jobs, load, tables_of
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = ROOT / "configs"
-MINI = sorted(p.stem for p in (CONFIGS / "exp").glob("mini_*_*.yaml")
-              if p.stem.split("_")[1] in mini_claims.DATASETS)
+MINI = sorted(n for n in EXPS if tables_of(n) == {"mini"})  # mini_moe / mini_dense: none
 ENWIK, WIKI = mini_claims.DATASETS.values()
 
 

@@ -5,7 +5,9 @@ batching (`StreamBatcher`) is shared. Registration by explicit import below.
 """
 from framework.registry import Registry
 
-DATASETS: Registry = Registry("dataset")
+DATASETS: Registry = Registry(
+    "dataset", "decorate its class with @DATASETS.register({name!r}) and import its "
+    "module in framework/data/__init__.py")
 
 from framework.data import (  # noqa: E402,F401  (fill the registry)
     enwik8,

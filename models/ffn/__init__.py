@@ -5,7 +5,9 @@ explicit imports below (docs/DESIGN.md: no scanning).
 """
 from framework.registry import Registry
 
-FFNS: Registry = Registry("ffn variant")
+FFNS: Registry = Registry(
+    "ffn variant", "decorate its class with @FFNS.register({name!r}) and import its "
+    "module in models/ffn/__init__.py")
 
 # fill the registry
 from models.ffn import dense, pkm, sbase, sigma_moe, switch, topk  # noqa: E402,F401
