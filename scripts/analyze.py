@@ -339,6 +339,22 @@ def main(argv: list[str] | None = None) -> list[Path]:
         sys.exit(1)
 
 
+def distinct_labels(runs: list[dict[str, Any]]) -> None:
+    """Runs of one experiment are told apart by their directories' overrides
+    (`mini_moe [ffn.k=2,trainer.seed=1]`), else (the same ones) by their position (`#1`)."""
+    from scripts.run_results import run_overrides
+
+    names = [r["label"] for r in runs]
+    for r in runs:
+        if names.count(r["label"]) > 1 and (over := run_overrides(Path(r["run_dir"]),
+                                                                  r["label"])):
+            r["label"] += f" [{over}]"
+    labels = [r["label"] for r in runs]
+    for i, r in enumerate(runs):
+        if labels.count(r["label"]) > 1:
+            r["label"] += f"#{i}"
+
+
 def analyze_all(ap: argparse.ArgumentParser, args: argparse.Namespace) -> list[Path]:
     """Every check first (the arguments, each run's config, checkpoint and data, the output
     folder), then the evaluations, which can take hours on a whole split."""
@@ -353,10 +369,7 @@ def analyze_all(ap: argparse.ArgumentParser, args: argparse.Namespace) -> list[P
     datasets: dict[str, Any] = {}
     loaded = [load_run(c, datasets) for c in configs]
     runs = [analyze(r, dev, args.split, args.max_segments) for r in loaded]
-    labels = [r["label"] for r in runs]
-    for i, r in enumerate(runs):  # two seeds of one experiment: tell them apart
-        if labels.count(r["label"]) > 1:
-            r["label"] = f"{r['label']}#{i}"
+    distinct_labels(runs)
     paths = write_figures(runs, out, args.layer)
     for r in runs:
         print(f"{r['label']}: {r['split']} {r['metric']} {r[r['metric']]:.4f} "

@@ -44,6 +44,7 @@ from scripts.run_results import (  # noqa: E402
     Run,
     Skipped,
     by_experiment,
+    counted_names,
     find_runs,
     fmt_metric,
     markdown_notes,
@@ -396,6 +397,22 @@ def build_all(exps: dict[str, Experiment], runs: list[Run], skipped: list[Skippe
     return [t for t in out if t.rows or only]
 
 
+def note_outside_tables(exps: dict[str, Experiment], runs: list[Run],
+                        skipped: list[Skipped]) -> None:
+    """A note on stderr about the runs of experiments in none of the paper's tables (the
+    main job's, the mini report's, a user's own): no table or list mentions them."""
+    in_tables = {e.name for e in exps.values() if any(x.get("table") != "mini" for x in e.entries)}
+    known = {e.name for e in exps.values()}  # runs of no exp file: find_runs warned already
+    counts: dict[str, int] = {}
+    for name in [r.name for r in runs] + [s.name for s in skipped]:
+        if name in known and name not in in_tables:
+            counts[name] = counts.get(name, 0) + 1
+    if counts:
+        print(f"note: {sum(counts.values())} run(s) of experiments in none of the paper's "
+              f"tables: {counted_names(counts)}; scripts/compare_runs.py tabulates them "
+              f"(--mini: the mini report)", file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> str:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -435,6 +452,7 @@ def main(argv: list[str] | None = None) -> str:
         more, more_skipped = wandb_runs(args.wandb, args.exp_dir, args.all_overrides)
         runs, skipped = runs + more, skipped + more_skipped
     tables = build_all(exps, runs, skipped, args.table, args.flops_selector)
+    note_outside_tables(exps, runs, skipped)
     if not any(t.rows for t in tables):
         sys.exit(f"error: no exp file in {args.exp_dir} has paper.entries"
                  + (f" for table {args.table}" if args.table else ""))

@@ -244,7 +244,7 @@ def _unreadable(res: Any) -> str | None:
     return None
 
 
-def _read(path: Path) -> dict[str, Any] | str:
+def read_result(path: Path) -> dict[str, Any] | str:
     """A results.json, or why it cannot be used."""
     try:
         res = json.loads(path.read_text())
@@ -261,7 +261,7 @@ def find_runs(roots: list[Path], exp_dir: Path, all_overrides: bool = False
     found, skipped = [], []
     for root in roots:
         for path in sorted(root.rglob("results.json")) if root.is_dir() else []:
-            res = _read(path)
+            res = read_result(path)
             if isinstance(res, str):
                 skipped.append(Skipped(path, None, f"unreadable results.json ({res})"))
                 print(f"warning: {skipped[-1]}", file=sys.stderr)
@@ -283,14 +283,19 @@ def find_runs(roots: list[Path], exp_dir: Path, all_overrides: bool = False
                         real(res.get("n_params")), str(path.parent), path.stat().st_mtime,
                         res, own, res.get("code"), res.get("data")))
     if unknown:
-        names = [f"{n} ({k})" for n, k in sorted(unknown.items())]
         print(f"warning: {sum(unknown.values())} run(s) of experiments with no file in "
-              f"{_shown(exp_dir)} are in no table: {', '.join(names[:5])}"
-              + (f" and {len(names) - 5} more" if len(names) > 5 else ""), file=sys.stderr)
+              f"{_shown(exp_dir)} are in no table: {counted_names(unknown)}", file=sys.stderr)
     if unchecked:
         print(f"warning: {len(unchecked)} counted run(s) record no config_hash, so their config "
               f"is not checked against {_shown(exp_dir)} (e.g. {unchecked[0]})", file=sys.stderr)
     return runs, skipped
+
+
+def counted_names(counts: dict[str, int], shown: int = 5) -> str:
+    """'a (2), b (1) and 3 more': the first `shown` names with their counts."""
+    names = [f"{n} ({k})" for n, k in sorted(counts.items())]
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return ", ".join(names[:shown]) + more
 
 
 def wandb_runs(project: str, exp_dir: Path, all_overrides: bool = False

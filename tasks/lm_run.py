@@ -185,7 +185,8 @@ def run(cfg: dict[str, Any], run_dir: Path) -> dict[str, Any] | None:
 def data_line(record: dict[str, Any]) -> str:
     """The start line about the data: split sizes, passes over train, where it came from."""
     sizes = "/".join(f"{n:,}" for n in record["tokens"].values())
-    where = record.get("cache_entry") or record.get("source") or "embedded"
+    source = record.get("source")  # a dataset of your own may record its file here
+    where = record.get("cache_entry") or (source if isinstance(source, str) else "embedded")
     return (f"data {record['name']}: {'/'.join(record['tokens'])} {sizes} tokens, "
             f"{record['train_epochs']:g} epochs of train | {where}")
 

@@ -267,3 +267,17 @@ def test_backend_that_cannot_run_here_analyses_with_auto(runs, tmp_path, monkeyp
     [res] = json.loads((tmp_path / "fig" / "analysis.json").read_text())["runs"]
     ref = json.loads((runs / "moe" / "results.json").read_text())
     assert res["bpc"] == pytest.approx(ref["valid"]["bpc"], abs=1e-6)
+
+
+def test_runs_of_one_experiment_are_labelled_by_their_overrides(tmp_path):
+    """Two seeds or two settings of one experiment were `glu#0`, `glu#1`: which was which?"""
+    for sub in ("glu/ffn.k=2,trainer.seed=0", "glu/ffn.k=4,trainer.seed=0", "elsewhere/glu",
+                "elsewhere/glu-2"):
+        (tmp_path / sub).mkdir(parents=True)
+    runs = [{"label": "glu", "run_dir": str(tmp_path / sub)} for sub in (
+        "glu/ffn.k=2,trainer.seed=0", "glu/ffn.k=4,trainer.seed=0", "elsewhere/glu",
+        "elsewhere/glu-2")] + [{"label": "dense", "run_dir": str(tmp_path / "dense")}]
+    analyze.distinct_labels(runs)
+    assert [r["label"] for r in runs] == [
+        "glu [ffn.k=2,trainer.seed=0]", "glu [ffn.k=4,trainer.seed=0]", "glu#2", "glu#3",
+        "dense"]

@@ -435,3 +435,15 @@ def test_a_damaged_source_file_is_one_line_naming_it(tmp_path, c4_dir):
             C4.load(C4Config(source=str(c4_dir[0]), cache_dir=str(tmp_path / f"c{i + 2}"),
                              train_tokens=1500, valid_docs=5, spm_train_docs=50, vocab_size=80,
                              num_proc=1))
+
+
+def test_the_start_line_names_where_the_tokens_came_from():
+    """A cache entry, else the file a dataset of one's own records as its `source`; an
+    embedded corpus (its source a dict: file and gensim version) is `embedded`."""
+    from tasks.lm_run import data_line
+
+    rec = {"name": "x", "tokens": {"train": 1000, "valid": 10}, "train_epochs": 2.0}
+    assert data_line(rec) == "data x: train/valid 1,000/10 tokens, 2 epochs of train | embedded"
+    assert data_line({**rec, "source": {"file": "a.bz2"}}).endswith("| embedded")
+    assert data_line({**rec, "source": "/data/tiny.txt"}).endswith("| /data/tiny.txt")
+    assert data_line({**rec, "source": "/data/x", "cache_entry": "/c/e"}).endswith("| /c/e")

@@ -224,6 +224,26 @@ def test_which_runs_count(tiny, tmp_path, capsys):
         f"against {exps} (e.g. {runs / 'tiny_dense/trainer.seed=4/results.json'})\n")
 
 
+def test_runs_in_no_paper_table_get_a_note(tiny, tmp_path, capsys):
+    """A user's own experiment (no `paper:` block) or the mini table's: no table or list
+    under one names its runs; a note points at compare_runs.py."""
+    root, _ = tiny
+    exps, runs = tmp_path / "exp", tmp_path / "runs"
+    shutil.copytree(root / "exp", exps)
+    write_exp(exps, "own", "dense", {"d_ff": 64}, entries=[])
+    write_exp(exps, "laptop", "dense", {"d_ff": 64}, entries=[
+        {"table": "mini", "row": "Dense", "column": "enwik_mini", "value": None}])
+    fake_run(runs / "own" / "trainer.seed=0", exps, 0, 3.0, name="own")
+    fake_run(runs / "own" / "ffn.d_ff=32,trainer.seed=0", exps, 0, 3.0, name="own")
+    fake_run(runs / "laptop", exps, 0, 3.0, name="laptop")
+    fake_run(runs / "tiny_dense", exps, 0, 3.0)
+    text = paper_tables.main(["--exp-dir", str(exps), "--runs", str(runs), "--table", "dense"])
+    assert "own" not in text and "laptop" not in text
+    assert capsys.readouterr().err == (
+        "note: 3 run(s) of experiments in none of the paper's tables: laptop (1), own (2); "
+        "scripts/compare_runs.py tabulates them (--mini: the mini report)\n")
+
+
 def whole_floats_as_ints(node):
     """As wandb's JSON store hands a logged config back (1.0 as 1)."""
     if isinstance(node, dict):
