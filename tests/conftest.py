@@ -20,3 +20,13 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def c4_dir(tmp_path):
+    """Two C4-style train shards and one validation shard: (root, train docs, valid docs)."""
+    from tests.data_helpers import write_shards
+
+    train = write_shards(tmp_path / "c4", "en/c4-train.{:05d}-of-01024.json.gz", 2, 60, 3)
+    valid = write_shards(tmp_path / "c4", "en/c4-validation.{:05d}-of-00008.json.gz", 1, 30, 4)
+    return tmp_path / "c4", train, valid

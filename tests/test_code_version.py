@@ -137,3 +137,22 @@ def test_code_versions_name_the_runs_of_other_code():
         "not recorded (trained before runs recorded their code): 66 runs"]
     assert code_versions([run("a", 0, made_by("bbbbbbbbbbbb", git=None))], now) == [
         "bbbbbbbbbbbb: 1 run"]
+
+
+# -- from mutation testing (round 4) ---------------------------------------------------
+def test_the_tasks_package_is_training_code(tmp_path):
+    """Mutant: "tasks" dropped from CODE (an edit of the LM task, e.g. its loss or batching,
+    left the fingerprint alone)."""
+    root = tree(tmp_path, {"framework/a.py": "x = 1\n", "tasks/lm.py": "loss = 1\n"})
+    first = fingerprint(root)
+    (root / "tasks/lm.py").write_text("loss = 2\n")
+    assert fingerprint(root) != first
+
+
+def test_code_version_without_checkpoints_lists_this_code():
+    """Mutant `trained_with or [now]` -> `or []`: a run trained from scratch listed no code."""
+    from framework.code_version import code_version
+
+    now = code_fingerprint()
+    assert code_version()["trained_with"] == [now] == code_version([])["trained_with"]
+    assert code_version(["a", now])["trained_with"] == ["a", now]

@@ -51,3 +51,25 @@ def test_resume_continues_the_same_order():
         xa, _, sa = a.next()
         xb, _, sb = b.next()
         assert torch.equal(xa, xb) and sa == sb
+
+
+# -- from mutation testing (round 4): evaluation coverage and too-short streams ----------
+@pytest.mark.parametrize("stream_len", [9, 17, 26, 33])
+def test_evaluation_scores_every_target_once_whatever_the_stream_length(stream_len):
+    """Mutant `range(0, stream_len - 1, ...)` -> `stream_len - 2`: when one target is left
+    after the full segments (26 = 3 x 8 + 1 + 1), the last segment was dropped."""
+    b = StreamBatcher(np.arange(2 * stream_len), 2, 8)
+    targets = torch.cat([y for _, y in b.segments()], dim=1)
+    assert targets.tolist() == [list(range(s * stream_len + 1, (s + 1) * stream_len))
+                                for s in range(2)]
+
+
+def test_a_stream_of_one_token_is_refused():
+    """Mutant `stream_len < 2` -> `< 1`: a stream of one token has no target; training read
+    empty segments and evaluation scored nothing (a loss of 0/0)."""
+    from framework.data.base import DataError
+
+    with pytest.raises(DataError, match="^3 tokens are too few for 2 streams$"):
+        StreamBatcher(np.arange(3), batch_size=2, seq_len=4)
+    x, y, _ = StreamBatcher(np.arange(4), batch_size=2, seq_len=4).next()
+    assert x.tolist() == [[0], [2]] and y.tolist() == [[1], [3]]

@@ -7,7 +7,6 @@ from __future__ import annotations
 import dataclasses
 import gzip
 import hashlib
-import json
 import random
 import sys
 import urllib.error
@@ -17,7 +16,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import sentencepiece as spm
 
 from framework.config import from_dict
 from framework.data import DATASETS, DataError, enwik8, hf_stream, subword
@@ -27,18 +25,9 @@ from framework.data.enwik8 import Enwik8, Enwik8Config, split_sizes
 from framework.data.hf_stream import C4, C4Config, Pes2o, Pes2oConfig
 from framework.data.wikitext_mini import WikitextMini, WikitextMiniConfig
 from framework.data.wt103 import FILES, Wt103, Wt103Config
+from tests.data_helpers import decoder, sentence, write_shards
 
 ROOT = Path(__file__).resolve().parent.parent
-WORDS = "alpha beta gamma delta the of and in to was 1984 12 , . river city model".split()
-
-
-def sentence(rng: random.Random, n: int) -> str:
-    return " ".join(rng.choice(WORDS) for _ in range(n))
-
-
-def decoder(entry_path: Path) -> spm.SentencePieceProcessor:
-    return spm.SentencePieceProcessor(model_file=str(entry_path / "spm.model"))
-
 
 def test_registry_and_yamls_agree():
     import yaml
@@ -144,28 +133,6 @@ def test_enwik8_refuses_a_file_of_another_size(tmp_path, monkeypatch):
     monkeypatch.setattr(enwik8, "ENWIK8_BYTES", 100_000_000)
     with pytest.raises(DataError, match=r"the cache .* has 1,000 bytes"):
         Enwik8.load(Enwik8Config(cache_dir=str(tmp_path)))
-
-
-def write_shards(root: Path, pattern: str, n_files: int, docs_per_file: int, seed: int) -> list:
-    rng, docs = random.Random(seed), []
-    for i in range(n_files):
-        path = root / pattern.format(i)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        rows = []
-        for _ in range(docs_per_file):
-            doc = "\n".join(sentence(rng, rng.randint(4, 30)) for _ in range(rng.randint(1, 4)))
-            rows.append(json.dumps({"text": doc, "url": "x", "timestamp": "t"}))
-            docs.append(doc)
-        with gzip.open(path, "wt", encoding="utf-8") as f:
-            f.write("\n".join(rows) + "\n")
-    return docs
-
-
-@pytest.fixture
-def c4_dir(tmp_path):
-    train = write_shards(tmp_path / "c4", "en/c4-train.{:05d}-of-01024.json.gz", 2, 60, 3)
-    valid = write_shards(tmp_path / "c4", "en/c4-validation.{:05d}-of-00008.json.gz", 1, 30, 4)
-    return tmp_path / "c4", train, valid
 
 
 def test_c4_documents_separated_and_train_limited(tmp_path, c4_dir, monkeypatch):
@@ -447,3 +414,17 @@ def test_the_start_line_names_where_the_tokens_came_from():
     assert data_line({**rec, "source": {"file": "a.bz2"}}).endswith("| embedded")
     assert data_line({**rec, "source": "/data/tiny.txt"}).endswith("| /data/tiny.txt")
     assert data_line({**rec, "source": "/data/x", "cache_entry": "/c/e"}).endswith("| /c/e")
+
+
+def test_prepare_data_options(monkeypatch):
+    """Mutants: --num-proc stored under another key (refused as unknown), and the key=value
+    overrides applied after the options (parse's docstring: options last)."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import prepare_data
+    finally:
+        sys.path.pop(0)
+    _, _, cfg, _ = prepare_data.parse(["wt103", "--num-proc", "3"])
+    assert cfg.num_proc == 3
+    _, _, cfg, _ = prepare_data.parse(["c4", "source=/a", "--source", "/b"])
+    assert cfg.source == "/b"

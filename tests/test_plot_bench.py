@@ -93,3 +93,34 @@ def test_benchmark_figures_that_cannot_be_written(tmp_path):
     # the figures written before it are removed again, not left beside a missing one
     assert [p.name for p in fig.iterdir()] == ["bench_b.pdf"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bench.json", "fig"]
+
+
+# -- from mutation testing (round 4): what the figures show ------------------------------
+def test_figure_axes_series_and_labels(tmp_path, monkeypatch):
+    """Mutants: the dashed (memory) lines drawn from the times, the memory axis called
+    "saved activations" for a GPU peak (and the reverse), the x axis labelled with the
+    sweep's name instead of its variable."""
+    figs, close = [], plot_bench.plt.close
+    monkeypatch.setattr(plot_bench.plt, "close", figs.append)  # kept open to be read
+    variants = {"dense": ([256.0, 512.0], [1.0, 2.0], [10.0, 30.0]),
+                "torch": ([256.0, 512.0], [0.5, 0.7], [5.0, 6.0])}
+    for mem in ("peak", "saved"):
+        plot_bench.plot("dmodel_g128", variants, {}, tmp_path, [], mem)
+    assert len(figs) == 2
+    for fig, mem in zip(figs, ("peak memory", "saved activations")):
+        ax_t, ax_m = fig.axes
+        assert ax_t.get_xlabel() == "$d_{model}$"
+        assert ax_t.get_ylabel() == "time (ms), full lines"
+        assert ax_m.get_ylabel() == f"{mem} (MB), dashed lines"
+        assert [list(line.get_ydata()) for line in ax_t.get_lines()] == [[1.0, 2.0], [0.5, 0.7]]
+        assert [list(line.get_ydata()) for line in ax_m.get_lines()] == [[10.0, 30.0],
+                                                                        [5.0, 6.0]]
+        close(fig)
+
+
+def test_gpu_records_plot_the_peak_memory():
+    """Mutant: the saved-activation bytes taken on a GPU too (its peak_mb was ignored)."""
+    case = {"d_model": 8, "n_experts": 4, "expert_size": 2, "d_ff": 8, "tokens": 16, "k": 1,
+            "results": {"dense": {"ms": 1.0, "peak_mb": 12.5, "saved_mb": 3.0}}}
+    _, (rec,) = plot_bench.records_of({"sweeps": {"n_experts": [case]}})
+    assert (rec["peak_mb"], rec["mem_kind"]) == (12.5, "peak")

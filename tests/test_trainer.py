@@ -279,3 +279,63 @@ def test_resume_restores_the_fp16_loss_scale(tmp_path, monkeypatch):
     monkeypatch.setattr(Trainer, "load_state_dict", load)
     RUN(cfg, tmp_path)
     assert scales == [1234.0]
+
+
+# -- from mutation testing (round 4): the run logger ------------------------------------
+class FakeWandbRun:
+    def __init__(self, **kwargs):
+        self.kwargs, self.logged, self.summary = kwargs, [], {}
+
+    def log(self, values, step):
+        self.logged.append((step, values))
+
+    def finish(self):
+        pass
+
+
+def test_wandb_resumes_the_same_run_and_gets_metrics_by_step(tmp_path, monkeypatch):
+    """Mutants: a new wandb id at every start (a resumed run became a second wandb run), and
+    the step logged as a metric too (wandb charted "step" against itself)."""
+    import sys
+
+    from framework.loggers import LoggerConfig, RunLogger
+
+    runs = []
+    fake = type(sys)("wandb")
+    fake.init = lambda **k: runs.append(FakeWandbRun(**k)) or runs[-1]
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    for _ in range(2):  # the run, then its resume
+        logger = RunLogger(LoggerConfig(kind="wandb"), tmp_path, {"ffn": {"kind": "dense"}}, "r")
+        logger.log({"train/loss": torch.tensor(2.5)}, step=3)
+        logger.close()
+    ids = [r.kwargs["id"] for r in runs]
+    assert ids[0] == ids[1] == (tmp_path / "wandb_id.txt").read_text()
+    assert runs[0].kwargs["resume"] == "allow" and runs[0].kwargs["tags"] == ["dense"]
+    assert runs[0].logged == [(3, {"train/loss": 2.5})]
+
+
+def test_metrics_file_truncates_to_a_checkpoints_size_even_zero(tmp_path):
+    """Mutant `size is not None` -> `size` (truthy): a checkpoint written before the first
+    row (metrics_bytes 0) kept the rows a resume then logs again."""
+    from framework.loggers import LoggerConfig, RunLogger
+
+    logger = RunLogger(LoggerConfig(), tmp_path, {}, "r")
+    assert logger.size() == 0
+    logger.log({"train/loss": 1.0}, step=5)
+    logger.truncate(0)
+    assert (tmp_path / "metrics.jsonl").read_text() == ""
+
+
+def test_metrics_file_is_strict_json_with_nan_and_inf(tmp_path):
+    """Mutant: non-finite values written as bare NaN / Infinity (not JSON: jq and other
+    readers of metrics.jsonl refuse the line)."""
+    from framework.loggers import LoggerConfig, RunLogger
+
+    logger = RunLogger(LoggerConfig(), tmp_path, {}, "r")
+    logger.log({"train/loss": float("nan"), "train/grad_norm": torch.tensor(float("inf"))}, 1)
+
+    def refuse(name):
+        raise ValueError(name)
+
+    row = json.loads((tmp_path / "metrics.jsonl").read_text(), parse_constant=refuse)
+    assert (row["train/loss"], row["train/grad_norm"]) == ("nan", "inf")

@@ -51,6 +51,9 @@ class Wt103Config:
         if self.spm_train_lines < 0 or self.num_proc < 0:
             raise ConfigError("dataset.spm_train_lines and dataset.num_proc must be >= 0 "
                               "(0 = every line / all cores)")
+        if 0 < self.spm_train_lines <= 100:  # SentencePiece refuses it, after reading them all
+            raise ConfigError(f"dataset.spm_train_lines={self.spm_train_lines}: SentencePiece "
+                              f"samples more than 100 lines (or 0: every line)")
 
     def spm(self) -> SpmSettings:
         return SpmSettings(self.vocab_size, self.split_digits, train_texts=self.spm_train_lines)
