@@ -29,7 +29,7 @@ MOE_KINDS = ("sigma_moe", "switch", "sbase")
 def config_relative_flops(cfg: dict[str, Any], include_selector: bool = False) -> float | None:
     """Relative FLOPs of a composed run config: 1.0 for dense / top-k, K / N_E for a MoE,
     None when the config does not say (PKM, or values missing)."""
-    ffn, model = cfg.get("ffn") or {}, cfg.get("model") or {}
+    ffn = cfg.get("ffn") or {}
     kind = ffn.get("kind")
     if kind in ("dense", "topk"):
         return 1.0  # top-k keeps the dense matmuls (paper Sec. 3.1)
@@ -39,12 +39,9 @@ def config_relative_flops(cfg: dict[str, Any], include_selector: bool = False) -
         n_e, g, k = (int(ffn[key]) for key in ("n_experts", "expert_size", "k"))
     except (KeyError, TypeError, ValueError):
         return None
-    d_model = ffn.get("d_model") or model.get("d_model")
-    if not isinstance(d_model, int):  # unresolved; it only matters for the selector term
-        if include_selector:
-            return None
-        d_model = 1
-    moe = ExpertsConfig(d_model=d_model, n_layers=1, n_experts=n_e, expert_size=g, k=k)
+    # every term of the ratio is linear in d_model, selector included: (2 d K G + d N_E) /
+    # (2 d N_E G), so it needs none (an exp file's `${model.d_model}` is not resolved here)
+    moe = ExpertsConfig(d_model=1, n_layers=1, n_experts=n_e, expert_size=g, k=k)
     return relative_ffn_flops(moe, include_selection=include_selector)
 
 

@@ -490,3 +490,14 @@ def test_topk_keeps_the_dense_flops():
     """Mutant `("dense", "topk")` -> `("dense",)`: a top-k config gets no FLOPs (None)."""
     assert config_relative_flops({"ffn": {"kind": "topk", "k": 128, "d_ff": 2053}}) == 1.0
     assert config_relative_flops({"ffn": {"kind": "dense", "d_ff": 2053}}) == 1.0
+
+
+def test_moe_flops_need_no_d_model():
+    """The ratio is the same for any d_model, selector included; an unresolved one
+    (`${model.d_model}`) printed "—" in the selector column."""
+    ffn = {"kind": "sigma_moe", "n_experts": 16, "expert_size": 128, "k": 4}
+    assert config_relative_flops({"ffn": ffn}) == 0.25
+    with_sel = (2 * 4 * 128 + 16) / (2 * 16 * 128)
+    for d in ("${model.d_model}", 412, 1024):
+        cfg = {"ffn": {**ffn, "d_model": d}}
+        assert config_relative_flops(cfg, include_selector=True) == pytest.approx(with_sel)
