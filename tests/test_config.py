@@ -55,6 +55,15 @@ def test_a_path_in_an_override_stays_one_directory_level(tmp_path):
     assert "/" not in long and len(long) == 120
 
 
+def test_registry_lists_what_exists_for_an_unknown_name():
+    reg: Registry = Registry("thing")
+    for name in ("sigma_moe", "dense"):
+        reg.register(name)(object)
+    with pytest.raises(RegistryError) as e:
+        reg.get("pkm")
+    assert str(e.value) == "unknown thing 'pkm'. Known: dense, sigma_moe"
+
+
 def test_from_dict_is_strict():
     base = dict(d_model=8, n_layers=2, n_experts=4, expert_size=4, k=2)
     with pytest.raises(ConfigError, match=r"unknown config key 'ffn.n_expert' .*'n_experts'"):
@@ -349,3 +358,81 @@ def test_help_says_what_runs_without_an_experiment():
     assert "Without +exp the main job runs: +exp=mini_moe" in out.stdout
     exps = next(line for line in out.stdout.splitlines() if line.startswith("exp: "))
     assert "wt103_small_moe" in exps.split(", ") and "--cfg job" in out.stdout
+
+
+def test_a_long_run_directory_name_is_cut_and_hashed():
+    """File names have a 255-byte limit; two long override lists that differ only past the
+    cut must still get two directories (each run resumes its own)."""
+    from framework.cli import dirname
+
+    assert dirname("x" * 120) == "x" * 120  # up to the limit: the overrides themselves
+    a, b = "a" * 150 + ",seed=1", "a" * 150 + ",seed=2"
+    assert len(dirname(a)) == 120 and dirname(a).startswith("a" * 107 + "..")
+    assert dirname(a) != dirname(b)
+
+
+def test_a_sweep_is_a_sweep_with_or_without_m(monkeypatch, capsys):
+    """`+sweep=` alone implies -m; `--multirun` is -m; a sweep's own experiments are checked
+    and replaced by no default experiment; its plain overrides are checked against them."""
+    from framework import cli
+
+    argv = ["run.py", "+sweep=moe", "--cfg", "hydra"]  # shows the sweep's config
+    cli.prepare_argv(argv)
+    assert argv == ["run.py", "+sweep=moe", "--cfg", "hydra"]  # no +exp=mini_moe added
+    argv = ["run.py", "+sweep=dense", "+exp=e8_dense,e8_moe", "hydra/launcher=basic",
+            "trainer.seed=0"]
+    cli.prepare_argv(argv)
+    assert argv[1] == "--multirun"
+    cli.prepare_argv(["run.py", "--multirun", "+exp=mini_moe,mini_dense", "mode=params"])
+    assert capsys.readouterr().err == ""
+    monkeypatch.setattr(cli.shutil, "which", lambda name: None)  # no srun here
+    with pytest.raises(SystemExit) as e:  # the sweep's launcher is Slurm's, even without -m
+        cli.prepare_argv(["run.py", "+sweep=dense", "+exp=e8_dense", "trainer.seed=0"])
+    assert e.value.code == 1 and "srun is not on this machine" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # a typo, checked against the sweep file's experiments
+        cli.prepare_argv(["run.py", "-m", "+sweep=moe", "hydra/launcher=basic",
+                          "ffn.n_expert=3"])
+    err = capsys.readouterr().err
+    assert err.startswith("error: unknown config key 'ffn.n_expert'") and err.count("\n") == 1
+    assert err.endswith(f"(in the sweep's jobs of +exp={cli.sweep_experiments('moe')[0]})\n")
+
+
+def test_an_unknown_option_or_a_group_without_plus_is_one_line():
+    from framework.cli import check_overrides
+
+    with pytest.raises(ConfigError) as e:
+        check_overrides(["+exp=mini_moe", "ffn=sigma"])
+    assert "(available: " in str(e.value) and "sigma_moe" in str(e.value)
+    with pytest.raises(ConfigError, match=r"^write \+sweep=NAME, with a '\+'"):
+        check_overrides(["sweep=moe", "+exp=mini_moe"])
+
+
+@pytest.mark.parametrize("code", ["EACCES", "EPERM", "EROFS", "ENOSPC", "EDQUOT"])
+def test_which_os_errors_the_user_fixes_outside_the_code(code):
+    import errno
+
+    from framework.config import is_environment_error
+
+    assert is_environment_error(OSError(getattr(errno, code), "x"))
+    assert not is_environment_error(OSError(errno.ENOENT, "x"))
+    assert not is_environment_error(ValueError("x"))
+
+
+def test_from_dict_refuses_booleans_for_numbers_and_missing_keys():
+    """YAML's `true` is no number (bool is an int in Python); a missing required key is a
+    ConfigError naming the component, not a TypeError traceback."""
+    base = dict(d_model=8, n_layers=2, n_experts=4, expert_size=4, k=2)
+    with pytest.raises(ConfigError, match="^ffn.k: expected int, got True$"):
+        from_dict(SigmaMoEConfig, {**base, "k": True}, "ffn")
+    with pytest.raises(ConfigError, match="^ffn.reg_gamma: "):
+        from_dict(SigmaMoEConfig, {**base, "reg_gamma": True}, "ffn")
+    with pytest.raises(ConfigError, match="^ffn: .*missing.*expert_size"):
+        from_dict(SigmaMoEConfig, {k: v for k, v in base.items() if k != "expert_size"}, "ffn")
+
+
+def test_an_experiment_named_by_its_dataset_gets_suggestions():
+    """`+exp=wt103` (a setting, not a run): the closest experiments, not just the listing."""
+    from framework.cli import check_experiment
+
+    with pytest.raises(ConfigError, match=r"^unknown experiment 'wt103'. Did you mean wt103_"):
+        check_experiment("wt103")

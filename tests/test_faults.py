@@ -493,3 +493,43 @@ def test_a_checkpoint_moved_aside_takes_its_checksum_along(tmp_path):
     assert load_latest(tmp_path, warn=lambda m: None, repair=True) == {"step": 2}
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "checkpoint_00000002.pt", "checkpoint_00000002.pt.sha256", "checkpoint_00000004.pt.bad"]
+
+
+def test_a_directory_with_checkpoints_or_another_finished_run(tmp_path):
+    """fresh=true starts anew beside a run that has checkpoints but no results yet; without
+    it, a finished run of another config is refused (not trained over), and a results.json
+    cut short is no finished run; mode=params and mode=eval use the directory as it is."""
+    from framework.cli import choose_run_dir, prepare_run_dir
+    from framework.experiment import write_results
+
+    cfg = compose_cfg([*OVERRIDES, "trainer.steps=2"])
+    run = tmp_path / "run"
+    run.mkdir()
+    save_checkpoint(run, 2, {"step": 2})
+    assert choose_run_dir({**cfg, "fresh": True}, run) == tmp_path / "run-2"
+    write_results(run, {"config_hash": "another"})
+    with pytest.raises(ConfigError, match="holds a finished run with another config; pass "
+                                          "fresh=true"):
+        choose_run_dir(cfg, run)
+    for mode in ("params", "eval"):
+        assert prepare_run_dir({**cfg, "mode": mode}, run) == run
+    (run / "results.json").write_text('{"config_hash": ')
+    assert choose_run_dir(cfg, run) == run
+
+
+def test_fresh_twice_after_a_finished_fresh_run_starts_a_third(tmp_path):
+    """The newest sibling finished (same config): fresh=true starts a new one, it does not
+    take that finished run up again."""
+    from omegaconf import OmegaConf
+
+    from framework.cli import choose_run_dir
+    from framework.experiment import config_hash, write_results
+
+    cfg = {**compose_cfg([*OVERRIDES, "trainer.steps=2"]), "fresh": True}
+    run = tmp_path / "run"
+    run.mkdir()
+    write_results(run, {"config_hash": config_hash(cfg)})
+    assert choose_run_dir(cfg, run) == tmp_path / "run-2"
+    OmegaConf.save(OmegaConf.create(cfg), tmp_path / "run-2" / "config.yaml")  # as lm_run
+    write_results(tmp_path / "run-2", {"config_hash": config_hash(cfg)})
+    assert choose_run_dir(cfg, run) == tmp_path / "run-3"

@@ -31,6 +31,8 @@ def exp_dir(tmp_path, monkeypatch):
      "table: (configs/exp/README.md)"),
     ("paper: [moe]\n", "paper.entries must be a list of mappings, each with a table: "
      "(configs/exp/README.md)"),
+    ("paper:\n  entries: [moe]\n", "paper.entries must be a list of mappings, each with a "
+     "table: (configs/exp/README.md)"),
     ("a: [1\nb: 2\n", "not valid YAML: expected ',' or ']', but got ':' (line 2, column 2)"),
 ])
 @pytest.mark.parametrize("argv", [["--check"], ["--list", "moe"], []])
@@ -60,6 +62,26 @@ def test_a_sweep_file_that_cannot_be_written_is_one_line(exp_dir, monkeypatch):
         make_sweeps.main([])
     assert e.value.code == (f"error: cannot write {exp_dir.parent}/file/sweep/dense.yaml: "
                             "Not a directory")
+
+
+def test_check_writes_nothing_and_fails_until_the_files_are_rewritten(exp_dir, monkeypatch,
+                                                                       capsys):
+    """--check is what CI runs: exit 1 while a sweep file is missing or stale, write nothing;
+    an experiment in two cells of a table is one job per seed, and in --list once."""
+    monkeypatch.setattr(make_sweeps, "ROOT", exp_dir.parent)  # files named relative to it
+    entries = "".join(f"    - table: {t}\n" for t in make_sweeps.TABLES)
+    (exp_dir / "every.yaml").write_text(f"name: every\npaper:\n  entries:\n{entries}")
+    (exp_dir / "twice.yaml").write_text("name: twice\npaper:\n  entries:\n"
+                                        "    - table: moe\n    - table: moe\n")
+    assert make_sweeps.main(["--check"]) == 1
+    assert capsys.readouterr().err.startswith("out of date: sweep/dense.yaml, sweep/moe.yaml")
+    assert not (exp_dir.parent / "sweep").exists()
+    assert make_sweeps.main([]) == 0 and len(list((exp_dir.parent / "sweep").iterdir())) == 6
+    assert make_sweeps.main(["--check"]) == 0
+    assert make_sweeps.table_experiments(exp_dir)["moe"] == ["every", "twice"]
+    capsys.readouterr()
+    assert make_sweeps.main(["--list", "moe", "pkm"]) == 0
+    assert capsys.readouterr().out == "every,twice\n"
 
 
 @pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full (Linux)")

@@ -290,6 +290,21 @@ def test_a_sweep_reports_each_job_as_it_finishes(tmp_path, monkeypatch, capsys, 
     assert cli.FAILED_JOBS == ["+exp=b"]
 
 
+def test_a_sweep_counts_its_finished_jobs(tmp_path, monkeypatch, capsys):
+    """In a log file, `done i/N`: i counts the jobs finished so far."""
+    from framework import cli
+    from hydra_plugins.sigma_moe_launchers import _Sweep
+
+    monkeypatch.setattr(cli, "FAILED_JOBS", [])
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: False)
+    ok = JobReturn()
+    ok.status, ok.return_value = JobStatus.COMPLETED, 1.0
+    sweep = _Sweep(poll_s=0)
+    jobs = [sweep.add(FakeJob(tmp_path / n, "", ok), [f"+exp={n}"]) for n in "ab"]
+    assert [j.results() for j in jobs] == [[ok], [ok]]
+    assert capsys.readouterr().err.splitlines() == ["done 1/2: +exp=a", "done 2/2: +exp=b"]
+
+
 def test_ctrl_c_while_waiting_for_slurm_jobs_is_one_line(monkeypatch, capsys, srun_here):
     cfg = compose_sweep("moe", "hydra.job.name=run")
 
@@ -358,3 +373,27 @@ def test_unknown_sweep_or_slurm_without_slurm_is_one_line(monkeypatch, capsys):
     with pytest.raises(SystemExit):  # Hydra refuses --cfg with -m, with a traceback
         cli.prepare_argv(["run.py", "-m", "+sweep=moe", "--cfg", "job"])
     assert "--cfg cannot go with -m" in capsys.readouterr().err
+
+
+def test_ctrl_c_while_waiting_for_local_jobs_is_one_line(tmp_path, monkeypatch, capsys):
+    """No Slurm jobs to scancel under the local launcher."""
+    monkeypatch.chdir(tmp_path)
+    cfg = compose_sweep("moe", "hydra/launcher=local", "hydra.job.name=run")
+
+    class Waiting:  # a submitted job; Ctrl-C comes while the launcher waits for it
+        job_id = "4242"
+
+        def done(self):
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(submitit.AutoExecutor, "map_array",
+                        lambda executor, fn, *args: [Waiting() for _ in args[0]])
+    launcher = instantiate(cfg.hydra.launcher)
+    launcher.setup(hydra_context=None, task_function=None, config=cfg)
+    with pytest.raises(SystemExit) as e:
+        launcher.launch([["+exp=e8_moe", "trainer.seed=0"]], initial_job_idx=0)
+    assert e.value.code == 130
+    launched, interrupted = capsys.readouterr().err.splitlines(keepends=True)
+    assert launched.startswith("launched 1 local jobs; their logs: ")
+    assert interrupted == ("interrupted; rerunning the same command skips the finished runs "
+                           "and resumes the others from their last checkpoints\n")
