@@ -61,7 +61,7 @@ def test_registry_lists_what_exists_for_an_unknown_name():
         reg.register(name)(object)
     with pytest.raises(RegistryError) as e:
         reg.get("pkm")
-    assert str(e.value) == "unknown thing 'pkm'. Known: dense, sigma_moe"
+    assert str(e.value) == "unknown thing 'pkm'. Known: dense, sigma_moe."
 
 
 def test_from_dict_is_strict():
