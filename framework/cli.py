@@ -17,6 +17,7 @@ from framework.checkpoint import list_checkpoints
 from framework.config import (
     TOP_LEVEL,
     ConfigError,
+    chosen_groups,
     did_you_mean,
     first_line,
     is_environment_error,
@@ -63,9 +64,9 @@ def check_experiment(name: str) -> None:
         if key not in (*TOP_LEVEL, "defaults"):
             raise ConfigError(f"{path}: unknown top-level key {key!r}"
                               f"{did_you_mean(key, TOP_LEVEL)}")
-    chosen = {k for d in data.get("defaults") or [] if isinstance(d, dict) for k in d}
+    chosen = chosen_groups(data.get("defaults"))
     for group in ("ffn", "dataset"):  # kinds with keys of their own
-        if group in data and f"override /{group}" not in chosen:
+        if group in data and group not in chosen:
             raise ConfigError(f"{path} sets {group}.* keys but does not choose its {group}: add "
                               f"'- override /{group}: <kind>' to its defaults (else its keys "
                               f"go onto the default {group} of configs/config.yaml)")

@@ -80,6 +80,19 @@ def did_you_mean(key: object, known: Iterable[str]) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
+def chosen_groups(defaults: Any) -> dict[str, str]:
+    """Group -> option of a config file's defaults list (`- override /ffn: dense`,
+    `- ffn: dense`); Hydra's own entries (`hydra/launcher`) and `_self_` left out."""
+    out = {}
+    for item in defaults or []:
+        if isinstance(item, dict):
+            for key, opt in item.items():
+                group = str(key).split()[-1].lstrip("/")
+                if "/" not in group and opt is not None:
+                    out[group] = str(opt)
+    return out
+
+
 def from_dict(cls: type[C], data: Mapping[str, Any], where: str = "") -> C:
     """Build dataclass `cls` from `data`, refusing unknown keys and wrong types."""
     if isinstance(data, cls):

@@ -38,7 +38,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from framework.config import first_line  # noqa: E402
+from framework.config import chosen_groups, first_line  # noqa: E402
 from scripts.flops_table import config_relative_flops, format_percent  # noqa: E402
 from scripts.run_results import (  # noqa: E402
     Run,
@@ -122,18 +122,6 @@ class Experiment:
             else "test"
 
 
-def _defaults(raw: Any) -> dict[str, str]:
-    """Group -> option of a defaults list (`- override /ffn: dense`, `- ffn: dense`)."""
-    out = {}
-    for item in raw or []:
-        if isinstance(item, dict):
-            for key, opt in item.items():
-                group = str(key).split()[-1].lstrip("/")
-                if "/" not in group and opt is not None:
-                    out[group] = str(opt)
-    return out
-
-
 @functools.cache
 def _load_yaml(path: Path) -> Any:
     return OmegaConf.to_container(OmegaConf.load(path))
@@ -146,7 +134,7 @@ def compose_exp(path: Path, configs: Path) -> dict[str, Any]:
     exp = OmegaConf.to_container(OmegaConf.load(path))
     if not isinstance(exp, dict):
         raise ValueError(f"holds a {type(exp).__name__}, not a mapping of config keys")
-    groups = {**_defaults(base.get("defaults")), **_defaults(exp.get("defaults"))}
+    groups = {**chosen_groups(base.get("defaults")), **chosen_groups(exp.get("defaults"))}
     parts: list[Any] = [{k: v for k, v in base.items() if k not in ("defaults", "hydra")}]
     for group, opt in groups.items():
         if (configs / group / f"{opt}.yaml").exists():
