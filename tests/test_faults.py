@@ -2,7 +2,7 @@
 
 Kill -9 (at a random step and in the middle of a checkpoint write), SIGTERM preemption,
 corrupt checkpoints, an unwritable or full disk, and rerunning a finished run (NaN:
-tests/test_divergence.py).
+tests/test_divergence.py; the checkpoint module alone: tests/test_checkpoints.py).
 """
 import json
 import os
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from framework.checkpoint import list_checkpoints, load_checkpoint, load_latest, save_checkpoint
+from framework.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
 from framework.config import ConfigError
 from framework.trainer import Trainer
 from tasks import TASKS
@@ -190,15 +190,6 @@ def test_ctrl_c_checkpoints_after_the_step_and_rerun_resumes(tmp_path, reference
     same_results(tmp_path / "run", reference)
 
 
-def test_a_checkpoint_without_its_checksum_is_used(tmp_path):
-    """Killed between the checkpoint's rename and its checksum's, or copied without it: the
-    file is whole (fsynced before the rename), so it is resumed from, not moved aside."""
-    save_checkpoint(tmp_path, 10, {"step": 10})
-    (tmp_path / "checkpoint_00000010.pt.sha256").unlink()
-    assert load_latest(tmp_path, repair=True) == {"step": 10}
-    assert [p.name for p in list_checkpoints(tmp_path)] == ["checkpoint_00000010.pt"]
-
-
 def test_no_loadable_checkpoint_eval_stops_and_training_starts_over_saying_so(tmp_path,
                                                                               capsys):
     cfg = compose_cfg([*OVERRIDES, "trainer.steps=2"])
@@ -234,32 +225,6 @@ def test_corrupt_checkpoint_falls_back_to_previous(tmp_path, capsys):
     assert lines == ["warning: skipping checkpoint checkpoint_00000004.pt: checksum mismatch "
                      "(truncated or corrupt) (moved to checkpoint_00000004.pt.bad); trying "
                      "the previous one"]
-
-
-@pytest.mark.parametrize("keep", [1, 2, 4, 5])
-def test_pruning_keeps_the_newest(tmp_path, keep):
-    for step in range(1, 9):
-        save_checkpoint(tmp_path, step, {"step": step}, keep=keep)
-        kept = [int(p.stem.split("_")[1]) for p in list_checkpoints(tmp_path)]
-        assert kept == list(range(max(1, step - keep + 1), step + 1))
-
-
-def test_a_broken_newer_checkpoint_is_moved_aside_not_counted_when_pruning(tmp_path):
-    """A newer checkpoint that does not load (garbage, no sidecar). Resuming moves it aside;
-    left in place it was the "newest" when pruning and, with keep=1, the next save deleted
-    both the checkpoint resumed from and itself."""
-    save_checkpoint(tmp_path, 10, {"step": 10}, keep=1)
-    (tmp_path / "checkpoint_00000020.pt").write_bytes(b"renamed, checksum never written")
-    (tmp_path / ".checkpoint_00000030.pt.x.tmp").write_bytes(b"a write in progress")
-    before = sorted(p.name for p in tmp_path.iterdir())
-    assert load_latest(tmp_path, warn=lambda m: None) == {"step": 10}
-    assert sorted(p.name for p in tmp_path.iterdir()) == before  # a reader changes nothing
-    assert load_latest(tmp_path, warn=lambda m: None, repair=True) == {"step": 10}
-    assert (tmp_path / "checkpoint_00000020.pt.bad").exists()
-    assert not list(tmp_path.glob("*.tmp"))
-    save_checkpoint(tmp_path, 15, {"step": 15}, keep=1)
-    assert [p.name for p in list_checkpoints(tmp_path)] == ["checkpoint_00000015.pt"]
-    assert load_latest(tmp_path) == {"step": 15}
 
 
 def test_unwritable_or_full_run_dir_fails_before_training(tmp_path, monkeypatch):
@@ -435,64 +400,6 @@ def test_fresh_dir_goes_above_the_highest_sibling(tmp_path):
     for d in (run, run.with_name(run.name + "-3"), run.with_name(run.name + "-2")):
         d.mkdir(parents=True)
     assert fresh_dir(run) == run.with_name(run.name + "-4")
-
-
-# -- from mutation testing (round 4): atomic writes, keep_checkpoints=0, moved-aside files
-def test_atomic_write_fsyncs_the_file_then_renames_then_fsyncs_the_directory(tmp_path,
-                                                                              monkeypatch):
-    """Mutants: the temp file's fsync dropped (a power loss after the rename could leave an
-    empty checkpoint under the final name), and the directory's fsync dropped (the rename
-    itself could be undone)."""
-    import stat
-
-    import framework.checkpoint as ck
-
-    events, fsync, replace = [], os.fsync, os.replace
-
-    def record_fsync(fd):
-        events.append("fsync dir" if stat.S_ISDIR(os.fstat(fd).st_mode) else "fsync file")
-        fsync(fd)
-
-    monkeypatch.setattr(ck.os, "fsync", record_fsync)
-    monkeypatch.setattr(ck.os, "replace", lambda a, b: events.append("rename") or replace(a, b))
-    ck.atomic_write_bytes(tmp_path / "f.txt", b"data")
-    assert events == ["fsync file", "rename", "fsync dir"]
-    assert (tmp_path / "f.txt").read_bytes() == b"data" and len(list(tmp_path.iterdir())) == 1
-
-
-def test_atomic_writes_get_the_usual_permissions(tmp_path):
-    """Mutant: the mode left at mkstemp's 0600 (a checkpoint others in the group could not
-    read to evaluate)."""
-    from framework.checkpoint import atomic_write_bytes
-
-    old = os.umask(0o027)
-    try:
-        atomic_write_bytes(tmp_path / "f.txt", b"x")
-        save_checkpoint(tmp_path, 1, {"step": 1})
-    finally:
-        os.umask(old)
-    for name in ("f.txt", "checkpoint_00000001.pt", "checkpoint_00000001.pt.sha256"):
-        assert (tmp_path / name).stat().st_mode & 0o777 == 0o640, name
-
-
-def test_keep_checkpoints_zero_keeps_them_all(tmp_path):
-    """Mutant `if keep > 0` -> `if keep >= 0`: keep_checkpoints=0 deleted every older one."""
-    for step in range(1, 5):
-        save_checkpoint(tmp_path, step, {"step": step}, keep=0)
-    assert [p.name for p in list_checkpoints(tmp_path)] == [
-        f"checkpoint_0000000{s}.pt" for s in range(1, 5)]
-
-
-def test_a_checkpoint_moved_aside_takes_its_checksum_along(tmp_path):
-    """Mutant: the sidecar of a checkpoint moved to *.pt.bad stayed. The step's next
-    checkpoint, if killed before its own sidecar was written, was then checked against the
-    old file's checksum and thrown away."""
-    save_checkpoint(tmp_path, 2, {"step": 2})
-    newest = save_checkpoint(tmp_path, 4, {"step": 4})
-    newest.write_bytes(newest.read_bytes()[:50])
-    assert load_latest(tmp_path, warn=lambda m: None, repair=True) == {"step": 2}
-    assert sorted(p.name for p in tmp_path.iterdir()) == [
-        "checkpoint_00000002.pt", "checkpoint_00000002.pt.sha256", "checkpoint_00000004.pt.bad"]
 
 
 def test_a_directory_with_checkpoints_or_another_finished_run(tmp_path):

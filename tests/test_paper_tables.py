@@ -1,4 +1,5 @@
-"""The paper's tables from run directories and the FLOPs table (issue 7)."""
+"""The paper's tables from run directories (issue 7); the FLOPs table:
+tests/test_flops_table.py."""
 import functools
 import json
 import runpy
@@ -12,39 +13,10 @@ import pytest
 
 from framework.code_version import code_fingerprint, code_version
 from framework.experiment import run_hashes
-from models.ffn.dense import DenseConfig
-from models.ffn.experts import ExpertsConfig
-from models.flops import ffn_flops, relative_ffn_flops
 from scripts import paper_tables, run_results, run_versions
-from scripts.flops_table import config_relative_flops
+from tests.tables_helpers import cells, paper_grid, table_lines, write_exp
 
 ROOT = Path(__file__).resolve().parent.parent
-
-# Paper Tab. flops_detailed: (G, K) of each row -> % per column ("-": not run). (G, K) fixes
-# the value, as every row keeps N_E * G of its column (the "N_E' = 2 N_E, G=64" row too).
-PAPER_FLOPS = {
-    (128, 4): ("25.0%", "3.1%", "12.5%", "25.0%"),
-    (64, 8): ("25.0%", "3.1%", "12.5%", "25.0%"),
-    (256, 2): ("25.0%", "3.1%", "12.5%", "25.0%"),
-    (512, 1): ("25.0%", "3.1%", "12.5%", "25.0%"),
-    (64, 4): ("12.5%", "1.6%", "-", "12.5%"),
-    (128, 1): ("6.2%", "0.8%", "-", "6.2%"),
-    (128, 2): ("12.5%", "1.6%", "-", "12.5%"),
-    (128, 8): ("50.0%", "6.2%", "-", "50.0%"),
-}
-# column -> (d_model, N_E * G of its parameter-matched sigma-MoE) (paper Tab. moe_hyper)
-PAPER_COLUMNS = {"WT-S": (412, 2048), "WT-S*": (412, 16384), "WT-B": (1024, 4096),
-                 "E8": (512, 2048)}
-
-
-def write_exp(exp_dir: Path, stem: str, ffn: str, ffn_cfg: dict, entries: list[dict],
-              dataset: str = "enwik_mini", params_m=None, model: dict | None = None) -> None:
-    exp_dir.mkdir(parents=True, exist_ok=True)
-    body = {"defaults": [{"override /dataset": dataset}, {"override /ffn": ffn}],
-            "name": stem, "ffn": ffn_cfg, "paper": {"params_m": params_m, "entries": entries}}
-    if model:
-        body["model"] = model
-    (exp_dir / f"{stem}.yaml").write_text("# @package _global_\n" + json.dumps(body))
 
 
 @functools.cache
@@ -83,16 +55,6 @@ def tiny(tmp_path_factory):
     results = [fake_run(root / "runs" / sub, exps, seed, bpc) for seed, sub, bpc in
                ((0, "tiny_dense", 3.1), (1, "tiny_dense/trainer.seed=1", 3.3))]
     return root, results
-
-
-def table_lines(text: str, title_start: str) -> list[str]:
-    block = text.split("### ")
-    body = next(b for b in block if b.startswith(title_start))
-    return body.splitlines()
-
-
-def cells(line: str) -> list[str]:
-    return [c.strip() for c in line.strip().strip("|").split("|")]
 
 
 def test_mean_std_over_two_seeds_and_missing_runs(tiny):
@@ -342,44 +304,6 @@ def test_results_without_a_number_for_the_metric_are_skipped_with_a_warning(tmp_
                for w in warnings)
 
 
-def paper_grid(exp_dir: Path) -> None:
-    """Every (row, column) of Tab. flops_detailed as an experiment file."""
-    for (g, k), values in PAPER_FLOPS.items():
-        for col, value in zip(PAPER_COLUMNS, values):
-            if value == "-":
-                continue
-            d_model, total = PAPER_COLUMNS[col]
-            n_e = total // g
-            stem = f"g{g}_k{k}_{col.replace('*', 'x').replace('-', '_')}"
-            write_exp(exp_dir, stem, "sigma_moe", {"n_experts": n_e, "expert_size": g, "k": k},
-                      model={"d_model": d_model},
-                      entries=[{"table": "ablation", "row": f"G={g}, K={k}", "column": col,
-                                "value": None}])
-
-
-def test_flops_table_equals_the_papers(tmp_path):
-    paper_grid(tmp_path / "exp")
-    text = paper_tables.main(["--exp-dir", str(tmp_path / "exp"), "--runs", str(tmp_path),
-                              "--table", "flops"])
-    lines = table_lines(text, "Tab. flops_detailed")
-    assert lines[2] == "|  | G | K | WT-S | WT-S* | WT-B | E8 |"
-    assert "| d_model |  |  | 412 | 412 | 1024 | 512 |" in lines
-    got = {}
-    for line in lines:
-        row = cells(line)
-        if row[0].startswith("G="):
-            got[(int(row[1]), int(row[2]))] = tuple(row[3:])
-    assert got == PAPER_FLOPS
-    # the functions behind it
-    moe = ExpertsConfig(d_model=412, n_layers=16, n_experts=16, expert_size=128, k=4)
-    dense = DenseConfig(d_model=412, n_layers=16, d_ff=2053)
-    assert relative_ffn_flops(moe) == 0.25
-    assert relative_ffn_flops(moe, dense) == pytest.approx(512 / 2053)
-    with_sel = ffn_flops(moe, include_selection=True) / ffn_flops(DenseConfig(412, 16, 2048))
-    assert with_sel == pytest.approx((2 * 412 * 512 + 16 * 412) / (2 * 412 * 2048))
-    assert ffn_flops(dense) == 2 * (2 * 412 * 2053)  # FLOPs = 2 x multiply-adds
-
-
 def test_runs_must_exist_unless_the_default(tmp_path, monkeypatch, capsys):
     for mini in ([], ["--mini"]):
         with pytest.raises(SystemExit) as e:  # a typo: not every run listed as missing
@@ -425,29 +349,6 @@ def test_running_a_library_module_names_the_script_to_use(library, use, monkeypa
     assert "\n" not in e.value.code
 
 
-def test_real_experiment_files_give_the_papers_flops():
-    """Once configs/exp/ holds the paper's runs: their FLOPs equal Tab. flops_detailed."""
-    exps = paper_tables.load_experiments(ROOT / "configs" / "exp")
-    checked = 0
-    for exp in exps.values():
-        for e in exp.entries:
-            ffn = exp.cfg.get("ffn") or {}
-            if e.get("table") == "moe":  # Tab. moe's "% FLOPs": 25% small, 12.5% big, dense 100%
-                want = "100.0%" if e["row"] == "Dense" else \
-                    "12.5%" if e["column"].endswith("-B") else "25.0%"
-                assert paper_tables.format_percent(config_relative_flops(exp.cfg)) == want, e
-            key = (ffn.get("expert_size"), ffn.get("k"))
-            if e.get("table") != "ablation" or e.get("column") not in PAPER_COLUMNS \
-                    or key not in PAPER_FLOPS:
-                continue
-            want = PAPER_FLOPS[key][list(PAPER_COLUMNS).index(e["column"])]
-            got = paper_tables.format_percent(config_relative_flops(exp.cfg))
-            assert got == want, (exp.stem, e)
-            checked += 1
-    if not checked:
-        pytest.skip("no ablation experiments in configs/exp yet")
-
-
 # -- from mutation testing: cells, rows and notes of one table ------------------
 def _exp(name="x"):
     return paper_tables.Experiment(name, name, 40.0, [
@@ -484,20 +385,3 @@ def test_labels_not_in_the_papers_order_follow_the_listed_ones():
     """Mutant `len(pref) + i` -> `i`: unlisted labels interleave with the paper's rows."""
     assert paper_tables.ordered(["Z", "B", "A"], ("A", "B")) == ["A", "B", "Z"]
     assert paper_tables.ordered(["new", "Dense"], ("Dense",)) == ["Dense", "new"]
-
-
-def test_topk_keeps_the_dense_flops():
-    """Mutant `("dense", "topk")` -> `("dense",)`: a top-k config gets no FLOPs (None)."""
-    assert config_relative_flops({"ffn": {"kind": "topk", "k": 128, "d_ff": 2053}}) == 1.0
-    assert config_relative_flops({"ffn": {"kind": "dense", "d_ff": 2053}}) == 1.0
-
-
-def test_moe_flops_need_no_d_model():
-    """The ratio is the same for any d_model, selector included; an unresolved one
-    (`${model.d_model}`) printed "—" in the selector column."""
-    ffn = {"kind": "sigma_moe", "n_experts": 16, "expert_size": 128, "k": 4}
-    assert config_relative_flops({"ffn": ffn}) == 0.25
-    with_sel = (2 * 4 * 128 + 16) / (2 * 16 * 128)
-    for d in ("${model.d_model}", 412, 1024):
-        cfg = {"ffn": {**ffn, "d_model": d}}
-        assert config_relative_flops(cfg, include_selector=True) == pytest.approx(with_sel)
