@@ -83,6 +83,10 @@ class RoutingStats:
 class FFN(nn.Module):
     """Base class of every feedforward variant; subclasses set `Config` and `forward`."""
 
+    # False: a nonzero trainer.weight_decay leaves this layer's parameters alone (the MoE
+    # layers: docs/REFERENCE.md "no weight decay"); read by framework/optim.py
+    weight_decay: bool = True
+
     def __init__(self) -> None:
         super().__init__()
         self._loss: torch.Tensor | None = None
@@ -109,6 +113,11 @@ def entropy_regularizer(logits_TE: torch.Tensor) -> torch.Tensor:
     return (p_E * p_E.clamp_min(1e-30).log()).sum()
 
 
+@torch.no_grad()
 def trunc_normal_(w: torch.Tensor, std: float) -> torch.Tensor:
-    """Truncated normal at +-2 std, the init family of docs/REFERENCE.md."""
-    return nn.init.trunc_normal_(w, std=std, a=-2 * std, b=2 * std)
+    """Normal truncated at +-2 sigma, rescaled so that the sample std is exactly `std`
+    (docs/REFERENCE.md; the authors' `reset_prenorm_params`). Cutting the tails alone
+    leaves 0.88 std: attention and dense layers would start with 0.77x the variance of
+    the MoE experts (plain normal), which the paper initialises "identically"."""
+    nn.init.trunc_normal_(w, std=1.0, a=-2.0, b=2.0)
+    return w.mul_(std / w.std())
