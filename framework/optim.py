@@ -22,7 +22,16 @@ def lr_factor(step: int, total: int, warmup: int, schedule: str) -> float:
 
 def build_optimizer(model: torch.nn.Module, lr: float, betas: tuple[float, float], eps: float,
                     weight_decay: float) -> torch.optim.Optimizer:
-    # Weight decay 0 by default: the paper's Adam, and no decay on MoE weights (docs/REFERENCE.md).
-    # A nonzero trainer.weight_decay applies to every parameter alike, MoE weights included.
-    return torch.optim.AdamW(model.parameters(), lr=lr, betas=betas, eps=eps,
-                             weight_decay=weight_decay)
+    """AdamW; a nonzero `weight_decay` skips the parameters of modules whose `weight_decay`
+    attribute is False (the MoE layers, models/ffn/experts.py: docs/REFERENCE.md says no
+    weight decay for them). Weight decay 0, every paper run's, gives one parameter group,
+    as checkpoints written before this split have."""
+    params = list(model.parameters())
+    kept = {id(p) for m in model.modules() if not getattr(m, "weight_decay", True)
+            for p in m.parameters()}
+    if weight_decay == 0 or not kept:
+        groups = [{"params": params}]
+    else:
+        groups = [{"params": [p for p in params if id(p) not in kept]},
+                  {"params": [p for p in params if id(p) in kept], "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)

@@ -27,6 +27,8 @@ from tests.helpers import EXP_DIR, EXPS, compose_cfg, load, tables_of
 PAPER_EXPS = [e for e in EXPS if tables_of(e) - {"mini"}]
 
 # name prefix -> dataset kind, d_model, n_layers, column label in the paper's tables
+# setting -> dataset, d_model, layers, column; then heads x head size and dropout
+# (docs/REFERENCE.md's table of paper rows: the parameter count sees only their product)
 SETTINGS = {
     "wt103_small": ("wt103", 412, 16, "WT-S"),
     "wt103_star": ("wt103", 412, 16, "WT-S*"),
@@ -37,6 +39,7 @@ SETTINGS = {
     "pes2o_small": ("pes2o", 412, 16, "peS2o-S"),
     "pes2o_big": ("pes2o", 1024, 18, "peS2o-B"),
 }
+HEADS_DROPOUT = {412: (10, 41, 0.1), 1024: (16, 64, 0.2), 512: (8, 64, 0.1)}  # by d_model
 
 NAME_RE = re.compile(
     r"^(?P<setting>wt103_(?:small|star|big)|c4_(?:small|big)|pes2o_(?:small|big)|e8)_"
@@ -173,6 +176,8 @@ def test_experiment_composes_builds_and_is_well_formed(name):
     kind, d_model, n_layers, column = SETTINGS[setting]
     assert cfg["dataset"]["kind"] == kind
     assert (cfg["model"]["d_model"], cfg["model"]["n_layers"]) == (d_model, n_layers)
+    model = cfg["model"]
+    assert (model["n_heads"], model["head_dim"], model["dropout"]) == HEADS_DROPOUT[d_model]
     assert paper["entries"], f"{name}: a paper run must produce at least one table cell"
     assert all(e["column"] == column for e in paper["entries"]), name
 

@@ -4,12 +4,15 @@ import math
 
 import pytest
 import torch
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
 
 from framework.checkpoint import list_checkpoints
 from framework.config import ConfigError
 from framework.trainer import Trainer
 from tasks import TASKS
 from tests.helpers import (
+    CONFIGS,
     TINY,
     TINY_MOE,
     compose_cfg,
@@ -178,6 +181,44 @@ def test_lr_schedule_warmup_then_cosine_to_zero():
     assert lr_factor(7, 10, 4, "cosine") == pytest.approx(0.5)  # half way
     assert lr_factor(10, 10, 4, "cosine") == pytest.approx(0.0, abs=1e-12)
     assert lr_factor(9, 10, 0, "constant") == 1.0
+
+
+def test_trainer_defaults_are_the_papers():
+    """docs/REFERENCE.md "Training": Adam betas (0.9, 0.999), eps 1e-8, no weight decay, lr
+    2.5e-4 over 100k steps, clip 0.25, validation every 2000 steps, a checkpoint every 10k;
+    the yaml and the dataclass agree (runs read the yaml, direct users the dataclass)."""
+    from framework.trainer import TrainerConfig
+
+    want = {"steps": 100_000, "lr": 2.5e-4, "betas": [0.9, 0.999], "eps": 1e-8,
+            "weight_decay": 0.0, "schedule": "cosine", "grad_clip": 0.25, "val_every": 2000,
+            "ckpt_every": 10_000}
+    with initialize_config_dir(config_dir=CONFIGS, version_base=None):
+        yaml = OmegaConf.to_container(compose("config").trainer)
+    dataclass = vars(TrainerConfig()) | {"betas": list(TrainerConfig().betas)}
+    for source in (yaml, dataclass):
+        assert {k: source[k] for k in want} == want
+
+
+def test_optimizer_gets_the_settings_and_never_decays_moe_layers():
+    from framework.optim import build_optimizer
+    from models.ffn import FFNS
+    from models.ffn.dense import DenseConfig
+    from models.ffn.sigma_moe import SigmaMoEConfig
+
+    model = torch.nn.ModuleDict({
+        "dense": FFNS.get("dense")(DenseConfig(8, 2, 16)),
+        "moe": FFNS.get("sigma_moe")(SigmaMoEConfig(8, 2, n_experts=4, expert_size=4, k=2)),
+        "norm": torch.nn.LayerNorm(8)})
+    opt = build_optimizer(model, 1e-3, (0.9, 0.999), 1e-8, weight_decay=0.1)
+    assert (opt.defaults["betas"], opt.defaults["eps"], opt.defaults["lr"]) == (
+        (0.9, 0.999), 1e-8, 1e-3)
+    decay = {id(p): g["weight_decay"] for g in opt.param_groups for p in g["params"]}
+    assert len(decay) == len(list(model.parameters()))
+    assert all(decay[id(p)] == 0.0 for p in model["moe"].parameters())
+    assert all(decay[id(p)] == 0.1 for p in [*model["dense"].parameters(),
+                                                *model["norm"].parameters()])
+    # weight decay 0 (every paper run): one group, as in checkpoints of earlier versions
+    assert len(build_optimizer(model, 1e-3, (0.9, 0.999), 1e-8, 0.0).param_groups) == 1
 
 
 def test_logged_lr_follows_the_schedule_and_gradients_are_clipped(tmp_path, monkeypatch):

@@ -66,6 +66,8 @@ def equal_norm_rows_(w_ED: torch.Tensor, std: float) -> torch.Tensor:
 class ExpertsFFN(FFN):
     """Owns the expert weights and the expert computation; subclasses implement `select`."""
 
+    weight_decay = False  # MoE layers are never decayed (docs/REFERENCE.md)
+
     def __init__(self, cfg: ExpertsConfig):
         super().__init__()
         self.cfg = cfg
