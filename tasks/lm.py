@@ -113,15 +113,17 @@ def describe_data(data: TokenData, cfg: LMTaskConfig, steps: int
                   ) -> tuple[dict[str, Any], str | None]:
     """(what results.json records of the data, a warning or None).
 
-    The record: the dataset, tokens per split, how many passes over the train split
-    `steps` training steps make (StreamBatcher wraps at the end of its streams), and where
-    the tokens came from (`TokenData.origin`: the cache entry, its source and sha256s). The
-    warning: a corpus the paper reads once (C4, peS2o) that this run would read again,
-    e.g. after `trainer.steps` was raised without the matching training tokens.
+    The record: the dataset, tokens (and, where counted, words) per split, how many passes
+    over the train split `steps` training steps make (StreamBatcher wraps at the end of its
+    streams), and where the tokens came from (`TokenData.origin`: the cache entry, its
+    source and sha256s). The warning: a corpus the paper reads once (C4, peS2o) that this
+    run would read again, e.g. after `trainer.steps` was raised without the matching
+    training tokens.
     """
     n_train = len(data.split("train"))
     per_epoch = StreamBatcher(data.split("train"), cfg.batch_size, cfg.context).steps_per_epoch
     record = {"name": data.name, "tokens": {s: len(a) for s, a in data.splits.items()},
+              **({"words": data.words} if data.words else {}),
               "train_epochs": float(f"{steps / per_epoch:.4g}"), **data.origin}
     warning = None
     if data.one_pass_key and steps > per_epoch:
@@ -218,8 +220,14 @@ class LMTask:
                                  reduction="sum")
             sum_ce = sum_ce + ce.double()  # summed on the device: no sync per batch
             count += y_BT.numel()
-        result: dict[str, Any] = self.metric(float(sum_ce) / max(count, 1))
+        ce = float(sum_ce) / max(count, 1)
+        result: dict[str, Any] = self.metric(ce)
         result["tokens"] = count
+        if self.data.metric == "ppl" and (words := self.data.words.get(split)):
+            # an extra, never instead of the subword ppl (docs/REFERENCE.md "Metrics"): the
+            # cross-entropy per word is the mean per token times the split's tokens per word
+            per_word = ce * len(self.data.split(split)) / words
+            result["word_ppl"] = math.exp(min(per_word, 50.0))
         if stats:
             result["routing"] = [f.stats.summary() for f in ffns]
         for f in ffns:

@@ -175,8 +175,12 @@ def run(cfg: dict[str, Any], run_dir: Path) -> dict[str, Any] | None:
                                for s in ("valid", "test")}, "n_params": count,
                             "code": results["code"], "data": data_record})
         logger.close()  # before the result line: wandb's summary would print below it
-        print(f"final valid {data.metric} {results['valid'][data.metric]:.4f} | "
-              f"test {data.metric} {results['test'][data.metric]:.4f} | results: {out}")
+        def shown(split):  # word-level ppl beside, when the dataset counted its words
+            r = results[split]
+            word = f" (word-level {r['word_ppl']:.2f})" if "word_ppl" in r else ""
+            return f"{split} {data.metric} {r[data.metric]:.4f}{word}"
+
+        print(f"final {shown('valid')} | {shown('test')} | results: {out}")
         return results
     finally:
         logger.close()

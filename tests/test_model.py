@@ -150,6 +150,14 @@ def test_evaluation_is_the_token_weighted_loss_of_one_pass_over_each_stream():
         want = F.cross_entropy(logits.flatten(0, 1), streams[:, 1:].flatten())
     assert got["tokens"] == 68 and got["loss"] == pytest.approx(want.item(), rel=1e-5)
     assert got["ppl"] == pytest.approx(math.exp(want.item()), rel=1e-5)
+    assert "word_ppl" not in got  # no word counts: no word-level perplexity
+    # with the split's word count: per-word CE = mean per-token CE x tokens per word (70/50)
+    task.data = TokenData("toy", data.splits, V, "ppl", words={"valid": 50})
+    got = task.evaluate("valid", batch_size=2, mem_segments=8)
+    assert got["word_ppl"] == pytest.approx(math.exp(want.item() * 70 / 50), rel=1e-5)
+    assert got["ppl"] == pytest.approx(math.exp(want.item()), rel=1e-5)  # still subword
+    task.data = TokenData("toy", data.splits, V, "bpc", words={"valid": 50})
+    assert "word_ppl" not in task.evaluate("valid", batch_size=2, mem_segments=8)
 
 
 def test_splits_shorter_than_one_segment_per_stream_are_refused_before_training():

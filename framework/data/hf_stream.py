@@ -228,8 +228,10 @@ class HfStream:
                      cfg.needed_tokens, e.path)
             origin["sha256"]["train"] = hashlib.sha256(splits["train"].data).hexdigest()
             origin["train_tokens_stored"] = len(train)
+        # words of what the splits hold: not of the train split when the run reads a prefix
+        words = {s: n for s, n in e.words().items() if len(splits[s]) == len(e.array(s))}
         return TokenData(cls.NAME, splits, e.manifest["vocab_size"], "ppl", origin,
-                         one_pass_key="dataset.train_tokens")
+                         one_pass_key="dataset.train_tokens", words=words)
 
 
 @DATASETS.register("c4")

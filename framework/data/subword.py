@@ -150,11 +150,23 @@ def resolve_num_proc(num_proc: int) -> int:
 
 def write_split(out_dir: Path, split: str, texts: Iterable[str], model: bytes, eos: bool,
                 num_proc: int, limit: int = 0, desc: str = "") -> dict[str, Any]:
-    """Encodes `texts` into `<out_dir>/<split>.bin` (at most `limit` tokens if > 0)."""
+    """Encodes `texts` into `<out_dir>/<split>.bin` (at most `limit` tokens if > 0).
+
+    The returned record holds `words` when every text was encoded (not cut at `limit`): the
+    whitespace-separated words of the texts, plus one per text when it ends with an EOS
+    token (a predicted token, like the end-of-line token of word-level WikiText-103), the
+    denominator of word-level perplexity (tasks/lm.py)."""
     writer = ArrayWriter(out_dir, split, np.uint16, limit)
     bar = tqdm(desc=f"{desc} {split}", unit="tok", unit_scale=True, disable=None,
                total=limit or None)
-    stream = encode_texts(texts, model, eos, num_proc)
+    words = [0]
+
+    def counted(texts: Iterable[str]) -> Iterator[str]:
+        for text in texts:
+            words[0] += len(text.split()) + eos
+            yield text
+
+    stream = encode_texts(counted(texts), model, eos, num_proc)
     try:
         for ids in stream:
             bar.update(writer.append(ids))
@@ -166,7 +178,8 @@ def write_split(out_dir: Path, split: str, texts: Iterable[str], model: bytes, e
     finally:
         stream.close()  # stops the worker pool when we leave early
         bar.close()
-    return writer.close()
+    # full: the texts read ahead of the cut are counted but not encoded
+    return writer.close() | ({} if writer.full else {"words": words[0]})
 
 
 def reusable_model(previous: Entry | None) -> bytes | None:

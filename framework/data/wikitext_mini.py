@@ -140,4 +140,4 @@ class WikitextMini:
     def load(cfg: WikitextMiniConfig) -> TokenData:
         e = WikitextMini.entry(cfg)
         return TokenData("wikitext_mini", {s: e.array(s) for s in SPLITS},
-                         e.manifest["vocab_size"], "ppl", e.origin())
+                         e.manifest["vocab_size"], "ppl", e.origin(), words=e.words())

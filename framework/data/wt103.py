@@ -135,4 +135,4 @@ class Wt103:
     def load(cfg: Wt103Config) -> TokenData:
         e = Wt103.entry(cfg)
         return TokenData("wt103", {s: e.array(s) for s in FILES}, e.manifest["vocab_size"], "ppl",
-                         e.origin())
+                         e.origin(), words=e.words())
