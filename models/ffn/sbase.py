@@ -10,7 +10,10 @@ spreads one unit over the experts" and "each expert receives the same total"; en
 the expert step, which is the one that reorders a token's experts. It only chooses the
 experts: no gradient flows through it. Like sigma-MoE it adds the batch-entropy
 regularizer (Eq. our_reg, on the raw logits) and supports expert dropout (Eq.
-expert_drop; the paper's S-BASE rows use none).
+expert_drop; the paper's S-BASE rows use none). The token step first and the regularizer
+on the raw logits are those of the authors' `sinkmoid2` selection, the one their S-BASE
+sweeps run (their older `sinkmoid` starts with the expert step and regularizes the
+balanced scores).
 
 The per-sequence grouping needs the batch shape, which `ExpertsFFN.forward` flattens away:
 `forward` records it (`self._n_seq`) before delegating, and `select` regroups the logits.
