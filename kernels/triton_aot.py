@@ -5,10 +5,11 @@ code that real Triton rejects. This compiles every kernel variant the layer laun
 a cubin for sm_90 (Hopper), with the specialisations a real launch gets (unit strides
 become constants, pointers and row strides are 16-byte aligned), and reports what matters
 for speed: shared memory, whether the products use wgmma and whether the K loop is
-software-pipelined (cp.async).
+software-pipelined (cp.async), and with --spills the registers and spilled bytes (ptxas).
 
     python -m kernels.triton_aot            # JSON lines, one per kernel variant (bf16)
     python -m kernels.triton_aot fp32 --all-configs   # every autotune config: does it fit?
+    python -m kernels.triton_aot fp32-ieee --all-configs --spills   # fp32 without TF32
 
 Must run without TRITON_INTERPRET (the interpreter replaces triton.language).
 """
@@ -32,8 +33,11 @@ def aot_problem() -> str | None:
 
 
 def variants(dt: str = "bf16", blocks: dict | None = None):
-    """(kernel name, constexprs, unit-stride args, 16-divisible args, pointer types)."""
-    base = {"DOT_F32": dt == "fp32", "PRECISION": "tf32",
+    """(kernel name, constexprs, unit-stride args, 16-divisible args, pointer types).
+    dt "fp32-ieee": fp32 products without TF32 (torch's default), on FMA units."""
+    precision = "ieee" if dt == "fp32-ieee" else "tf32"
+    dt = "fp32" if dt == "fp32-ieee" else dt
+    base = {"DOT_F32": dt == "fp32", "PRECISION": precision,
             **(blocks or {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64})}
     g_ptr = {"a_ptr": dt, "w_ptr": dt, "c_ptr": dt, "tok_ptr": "i32", "off_ptr": "i32",
              "h_ptr": dt, "gate_ptr": dt, "order_ptr": "i64", "gpart_ptr": "fp32"}
@@ -52,11 +56,11 @@ def variants(dt: str = "bf16", blocks: dict | None = None):
          ["stride_ak", "stride_wk", "stride_cn"],
          ["N", "KD", "stride_am", "stride_we", "stride_wn", "stride_cm"], g_ptr),
         # gate-scaled down-projection of one slot: h [R, G], W2[e, g, d]
-        ("scatter_mm_kernel", {**base, "HAS_SCALE": True, "ACCUMULATE": True, "SEG_P2": 32},
+        ("scatter_mm_kernel", {**base, "HAS_SCALE": True, "ACCUMULATE": True, "SEG_P2": 128},
          ["stride_ak", "stride_wn", "stride_yn"],
          ["N", "KD", "stride_am", "stride_we", "stride_wk", "stride_ym"], s_ptr),
         # dx of one slot: d pre-ReLU [R, G], W = W1^T
-        ("scatter_mm_kernel", {**base, "HAS_SCALE": False, "ACCUMULATE": False, "SEG_P2": 32},
+        ("scatter_mm_kernel", {**base, "HAS_SCALE": False, "ACCUMULATE": False, "SEG_P2": 128},
          ["stride_ak", "stride_wk", "stride_yn"],
          ["N", "KD", "stride_am", "stride_we", "stride_wn", "stride_ym"], s_ptr),
         # dW2 = (gate h)^T dy[tok]  and  dW1 = x[tok]^T d pre-ReLU
@@ -67,9 +71,33 @@ def variants(dt: str = "bf16", blocks: dict | None = None):
     ]
 
 
+def ptxas_usage(ptx: str, capability: int) -> dict:
+    """Registers per thread and spilled bytes (stores + loads) of `ptx`, from `ptxas -v`
+    (Triton's own ptxas; its compile cache would skip the log of a cached kernel)."""
+    import re
+    import subprocess
+    import tempfile
+
+    from triton.backends.nvidia.compiler import get_ptxas, sm_arch_from_capability
+
+    arch = sm_arch_from_capability(capability)
+    with tempfile.TemporaryDirectory() as d:
+        src = os.path.join(d, "k.ptx")
+        with open(src, "w") as f:
+            f.write(ptx)
+        log = subprocess.run([get_ptxas(capability).path, "-v", f"--gpu-name={arch}", src,
+                              "-o", os.path.join(d, "k.cubin")],
+                             capture_output=True, text=True, check=True).stderr
+    spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
+    regs = re.search(r"Used (\d+) registers", log)
+    return {"registers": int(regs.group(1)) if regs else None,
+            "spill_bytes": int(spills.group(1)) + int(spills.group(2)) if spills else None}
+
+
 def compile_all(dt: str = "bf16", capability: int = 90, warps: int = 8, stages: int = 4,
-                blocks: dict | None = None, kernel: str | None = None):
-    """Reports of every variant (of `kernel` only, if given); `blocks`: BLOCK_M/N/K."""
+                blocks: dict | None = None, kernel: str | None = None, spills: bool = False):
+    """Reports of every variant (of `kernel` only, if given); `blocks`: BLOCK_M/N/K;
+    `spills`: add registers and spilled bytes (a ptxas run each)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -92,7 +120,8 @@ def compile_all(dt: str = "bf16", capability: int = 90, warps: int = 8, stages: 
         yield {"kernel": name, "variant": {k: v for k, v in cex.items() if k.isupper()},
                "shared_bytes": compiled.metadata.shared,
                "wgmma": ttgir.count("warp_group_dot "),
-               "async_copies": ttgir.count("async_copy_global_to_local")}
+               "async_copies": ttgir.count("async_copy_global_to_local"),
+               **(ptxas_usage(compiled.asm["ptx"], capability) if spills else {})}
 
 
 KERNELS = ["gather_mm_kernel", "scatter_mm_kernel", "wgrad_kernel"]
@@ -102,14 +131,18 @@ def main(argv=None) -> None:
     import argparse
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("dtype", nargs="?", default="bf16", choices=["bf16", "fp16", "fp32"],
-                   help="input dtype of the kernels (default bf16)")
+    p.add_argument("dtype", nargs="?", default="bf16",
+                   choices=["bf16", "fp16", "fp32", "fp32-ieee"],
+                   help="input dtype of the kernels (default bf16); fp32-ieee: fp32 without "
+                        "TF32, torch's default, with its own autotune configs")
     p.add_argument("--all-configs", action="store_true",
                    help="every autotune config (kernels/triton_launch.py), with the shared "
                         "memory that fitting_configs estimates for it (`estimate`) and "
                         "whether it fits an H100's 227 KB per block (`fits`)")
     p.add_argument("--kernels", nargs="+", choices=KERNELS, default=KERNELS,
                    help="only these kernels (default: all)")
+    p.add_argument("--spills", action="store_true",
+                   help="add registers per thread and spilled bytes (runs ptxas -v on each)")
     args = p.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET", "0") == "1":
         sys.exit("unset TRITON_INTERPRET: the interpreter cannot compile")
@@ -117,18 +150,20 @@ def main(argv=None) -> None:
         sys.exit(problem)
     if not args.all_configs:
         for name in args.kernels:
-            for report in compile_all(args.dtype, kernel=name):
+            for report in compile_all(args.dtype, kernel=name, spills=args.spills):
                 print(json.dumps(report), flush=True)
         return
     from kernels import triton_launch as tl
 
-    elem = 4 if args.dtype == "fp32" else 2
+    elem = 4 if args.dtype.startswith("fp32") else 2
     # `fits`: whether the compiled kernel fits an H100; fitting_configs decides from `estimate`
     for name in args.kernels:
         wgrad = name == "wgrad_kernel"
-        for cfg in [*(tl.WGRAD_CONFIGS if wgrad else tl.MM_CONFIGS), tl.SMALL_CONFIG]:
+        configs = ([*(tl.WGRAD_CONFIGS if wgrad else tl.MM_CONFIGS), tl.SMALL_CONFIG]
+                   if args.dtype != "fp32-ieee" else tl.IEEE_CONFIGS)
+        for cfg in configs:
             for report in compile_all(args.dtype, warps=cfg.num_warps, stages=cfg.num_stages,
-                                      blocks=cfg.kwargs, kernel=name):
+                                      blocks=cfg.kwargs, kernel=name, spills=args.spills):
                 report.update(num_warps=cfg.num_warps, num_stages=cfg.num_stages,
                               estimate=tl.smem_bytes(cfg, elem, wgrad),
                               fits=report["shared_bytes"] <= tl.H100_SMEM)

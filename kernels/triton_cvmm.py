@@ -50,9 +50,11 @@ def _segment_tile(pid_m, off_ptr, n_seg, seg_stride, seg_first, reverse,
     n_blk = tl.where(valid, (end - start + BLOCK_M - 1) // BLOCK_M, 0)
     total = tl.sum(n_blk, 0)
     pid_m = pid_m + reverse * (total - 1 - 2 * pid_m)  # arithmetic: `reverse` may be constexpr
+    has_tile = (pid_m >= 0) & (pid_m < total)
     # round j = the largest j with sum_s min(n_blk[s], j) <= pid_m: binary search on [lo, hi)
+    # (empty for the programs with no tile: the grid's upper bound makes up to E*K of them)
     lo = pid_m * 0
-    hi = tl.max(n_blk, 0)
+    hi = tl.where(has_tile, tl.max(n_blk, 0), lo)
     while hi - lo > 1:
         mid = (lo + hi) // 2
         go = tl.sum(tl.minimum(n_blk, mid), 0) <= pid_m
@@ -64,7 +66,7 @@ def _segment_tile(pid_m, off_ptr, n_seg, seg_stride, seg_first, reverse,
     here = s == seg
     row0 = tl.sum(tl.where(here, start, 0), 0) + lo * BLOCK_M
     row_end = tl.sum(tl.where(here, end, 0), 0)
-    seg = tl.where((pid_m >= 0) & (pid_m < total), seg, n_seg)
+    seg = tl.where(has_tile, seg, n_seg)
     return seg, row0, row_end
 
 

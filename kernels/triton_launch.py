@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import os
 
 import torch
 import triton
@@ -77,6 +78,13 @@ WGRAD_CONFIGS = [
 ]
 # the smallest tiles, for GPUs where no config above fits (e.g. fp32 with 64 KB per block)
 SMALL_CONFIG = _cfg(64, 64, 32, 4, 2)
+# fp32 without TF32 (torch's default) runs on FMA units, not tensor cores: every larger
+# tile needs over 255 registers per thread on sm_90 and spills (ptxas, Triton 3.7.1)
+IEEE_CONFIGS = [_cfg(64, 64, 64, 4, 3), SMALL_CONFIG]
+# SIGMA_MOE_TRITON_AUTOTUNE=0: the first config that fits, no timing trials of the others
+# (tests/conftest.py: the GPU tests compile one config per kernel variant, not six; the
+# disk cache keys on the config list, so benchmarks and training still tune in full)
+AUTOTUNE = os.environ.get("SIGMA_MOE_TRITON_AUTOTUNE", "1") != "0"
 _MIN_BLOCK_N = (_INTERPRET_BLOCKS["BLOCK_N"] if INTERPRET
                 else min(c.kwargs["BLOCK_N"] for c in [*MM_CONFIGS, SMALL_CONFIG]))
 
@@ -103,10 +111,18 @@ def fitting_configs(configs: list, max_smem: int, elem_bytes: int, wgrad: bool =
             or [SMALL_CONFIG])
 
 
+def max_shared_mem(device_index: int) -> int:
+    return triton.runtime.driver.active.utils.get_device_properties(device_index)[
+        "max_shared_mem"]
+
+
 def _prune_to_smem(configs, named_args, wgrad=False, **kwargs):
+    """The configs autotune tries for this launch (`kwargs`: its constexprs)."""
     a = named_args["a_ptr"]
-    props = triton.runtime.driver.active.utils.get_device_properties(a.device.index)
-    return fitting_configs(configs, props["max_shared_mem"], a.element_size(), wgrad)
+    if kwargs.get("DOT_F32") and kwargs.get("PRECISION") == "ieee":
+        configs = IEEE_CONFIGS
+    fitting = fitting_configs(configs, max_shared_mem(a.device.index), a.element_size(), wgrad)
+    return fitting if AUTOTUNE else fitting[:1]
 
 
 def _prune_wgrad_to_smem(configs, named_args, **kwargs):
@@ -129,12 +145,12 @@ if INTERPRET:
 else:
     # gpart has a row per 64 columns; a config with wider tiles writes fewer rows, so rows a
     # timing trial wrote would be summed into the gate gradient: zeroed before every run
-    _gather_mm = _autotune(MM_CONFIGS, ["N", "KD", "EPILOGUE"], _prune_to_smem,
+    _gather_mm = _autotune(MM_CONFIGS, ["N", "KD", "EPILOGUE", "PRECISION"], _prune_to_smem,
                            reset_to_zero=["gpart_ptr"])(gather_mm_kernel)
     # the slot kernel reads what it writes: every timing trial must start from the same Y
-    _scatter_mm = _autotune(MM_CONFIGS, ["N", "KD", "HAS_SCALE"], _prune_to_smem,
+    _scatter_mm = _autotune(MM_CONFIGS, ["N", "KD", "HAS_SCALE", "PRECISION"], _prune_to_smem,
                             restore_value=["y_ptr"])(scatter_mm_kernel)
-    _wgrad = _autotune(WGRAD_CONFIGS, ["M", "N", "GATHER_A", "GATHER_B", "HAS_SCALE"],
+    _wgrad = _autotune(WGRAD_CONFIGS, ["M", "N", "GATHER_A", "GATHER_B", "HAS_SCALE", "PRECISION"],
                        _prune_wgrad_to_smem)(wgrad_kernel)
 
 
@@ -142,17 +158,32 @@ def _blocks() -> dict:
     return dict(_INTERPRET_BLOCKS) if INTERPRET else {}
 
 
+def tf32_allowed(matmul=None, backends=None) -> bool:
+    """Whether torch lets fp32 matmuls use TF32, set by the legacy flag or the newer
+    `fp32_precision` API (torch >= 2.9: once the new one is used, reading `allow_tf32`
+    raises "mix of the legacy and new APIs"; "none" defers to the global setting)."""
+    matmul = matmul or torch.backends.cuda.matmul
+    backends = backends or torch.backends
+    precision = getattr(matmul, "fp32_precision", None)
+    if precision is None:  # torch < 2.9: the legacy flag only
+        return bool(matmul.allow_tf32)
+    if precision == "none":
+        precision = getattr(backends, "fp32_precision", "none")
+    return precision == "tf32"
+
+
 def _dot_args(dtype: torch.dtype) -> dict:
     if INTERPRET:
         return {"DOT_F32": True, "PRECISION": "ieee"}
     if dtype == torch.float32:
-        tf32 = torch.backends.cuda.matmul.allow_tf32
-        return {"DOT_F32": True, "PRECISION": "tf32" if tf32 else "ieee"}
+        return {"DOT_F32": True, "PRECISION": "tf32" if tf32_allowed() else "ieee"}
     return {"DOT_F32": False, "PRECISION": "tf32"}  # 16-bit tiles: tensor cores, fp32 acc
 
 
-def _seg_p2(n_exp: int) -> int:
-    return max(2, triton.next_power_of_2(n_exp))
+def _seg_p2(n_seg: int) -> int:
+    # at least 128 lanes (a few hundred bytes of offsets per program): one compiled variant
+    # serves every E*K up to 128, where each power of two was a compile of its own
+    return max(128, triton.next_power_of_2(n_seg))
 
 
 def _n_slots(off_S: torch.Tensor, n_exp: int) -> int:

@@ -143,8 +143,9 @@ def fused_bwd(gy_TD: Tensor, x_TD: Tensor, gate_TK: Tensor, w1_EDG: Tensor, w2_E
 
 @fused_bwd.register_fake
 def _(gy_TD, x_TD, gate_TK, w1_EDG, w2_EGD, tok_R, order_R, off_S, h_RG):
-    return (torch.empty_like(x_TD), torch.empty_like(gate_TK), torch.empty_like(w1_EDG),
-            torch.empty_like(w2_EGD))
+    # contiguous, as the kernels' outputs are (empty_like would keep a transposed input's
+    # strides, and torch.compile would plan with those)
+    return tuple(t.new_empty(t.shape) for t in (x_TD, gate_TK, w1_EDG, w2_EGD))
 
 
 def _fused_setup(ctx, inputs, output):

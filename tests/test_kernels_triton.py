@@ -290,6 +290,51 @@ def test_fitting_configs_per_gpu():
     assert consumer and WGRAD_CONFIGS[0] not in consumer  # 128x128x64 needs 128 KB
 
 
+def test_autotune_candidates_per_precision_and_switch(monkeypatch):
+    """fp32 without TF32 runs on FMA units, where every tile above 64x64 spills: its own
+    configs; SIGMA_MOE_TRITON_AUTOTUNE=0 (the GPU tests) keeps the first that fits."""
+    import kernels.triton_launch as L
+
+    monkeypatch.setattr(L, "max_shared_mem", lambda index: L.H100_SMEM)
+    monkeypatch.setattr(L, "AUTOTUNE", True)
+    a = {"a_ptr": torch.zeros(1)}
+    assert L._prune_to_smem(L.MM_CONFIGS, a, DOT_F32=True, PRECISION="ieee") == L.IEEE_CONFIGS
+    tf32 = L._prune_to_smem(L.MM_CONFIGS, a, DOT_F32=True, PRECISION="tf32")
+    assert tf32 == L.fitting_configs(L.MM_CONFIGS, L.H100_SMEM, 4) and len(tf32) == 4
+    a16 = {"a_ptr": torch.zeros(1, dtype=torch.bfloat16)}
+    assert L._prune_to_smem(L.MM_CONFIGS, a16, DOT_F32=False, PRECISION="tf32") == L.MM_CONFIGS
+    monkeypatch.setattr(L, "AUTOTUNE", False)
+    assert L._prune_to_smem(L.MM_CONFIGS, a16, DOT_F32=False, PRECISION="tf32") == [
+        L.MM_CONFIGS[0]]
+    assert L._prune_wgrad_to_smem(L.WGRAD_CONFIGS, a, DOT_F32=True, PRECISION="ieee") == [
+        L.IEEE_CONFIGS[0]]
+
+
+def test_tf32_is_read_from_either_torch_api():
+    """Reading the legacy `allow_tf32` raises once the `fp32_precision` API was used (torch
+    >= 2.9): fp32 launches crashed in such a process."""
+    from types import SimpleNamespace as NS
+
+    from kernels.triton_launch import tf32_allowed
+
+    assert tf32_allowed(NS(allow_tf32=True)) and not tf32_allowed(NS(allow_tf32=False))
+    assert tf32_allowed(NS(fp32_precision="tf32"), NS(fp32_precision="ieee"))
+    assert not tf32_allowed(NS(fp32_precision="ieee"), NS(fp32_precision="tf32"))
+    assert tf32_allowed(NS(fp32_precision="none"), NS(fp32_precision="tf32"))  # inherits
+    assert not tf32_allowed(NS(fp32_precision="none"), NS(fp32_precision="none"))
+    tf32_allowed()  # this torch's own settings: no error
+
+
+def test_fp32_without_tf32_compiles_without_spills():
+    """The IEEE configs: every kernel variant for sm_90 within 255 registers, no spills
+    (the tensor-core configs need over 255 on FMA units and spill up to 2 KB)."""
+    reports = _compile_for_hopper("fp32-ieee", "--all-configs", "--spills")
+    from kernels.triton_launch import IEEE_CONFIGS
+
+    assert len(reports) == 3 * 2 * len(IEEE_CONFIGS)
+    assert all(r["spill_bytes"] == 0 and r["registers"] <= 255 for r in reports), reports
+
+
 def test_gpu_autotuners_prune_and_cache():
     """Outside the interpreter the kernels are autotuned over the configs that fit the GPU,
     and (Triton >= 3.4) the choice is kept on disk, so a resumed run sums in the same order."""
