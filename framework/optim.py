@@ -22,12 +22,12 @@ def lr_factor(step: int, total: int, warmup: int, schedule: str) -> float:
 
 def build_optimizer(model: torch.nn.Module, lr: float, betas: tuple[float, float], eps: float,
                     weight_decay: float) -> torch.optim.Optimizer:
-    """AdamW; a nonzero `weight_decay` skips the parameters of modules whose `weight_decay`
-    attribute is False (the MoE layers, models/ffn/experts.py: docs/REFERENCE.md says no
-    weight decay for them). Weight decay 0, every paper run's, gives one parameter group,
+    """AdamW; a nonzero `weight_decay` skips the parameters of modules whose
+    `no_weight_decay` is True (the MoE layers, models/ffn/experts.py: docs/REFERENCE.md says
+    no weight decay for them). Weight decay 0, every paper run's, gives one parameter group,
     as checkpoints written before this split have."""
     params = list(model.parameters())
-    kept = {id(p) for m in model.modules() if not getattr(m, "weight_decay", True)
+    kept = {id(p) for m in model.modules() if getattr(m, "no_weight_decay", False) is True
             for p in m.parameters()}
     if weight_decay == 0 or not kept:
         groups = [{"params": params}]
@@ -35,3 +35,26 @@ def build_optimizer(model: torch.nn.Module, lr: float, betas: tuple[float, float
         groups = [{"params": [p for p in params if id(p) not in kept]},
                   {"params": [p for p in params if id(p) in kept], "weight_decay": 0.0}]
     return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+
+
+def in_groups_of(saved: dict, optimizer: torch.optim.Optimizer, params: list) -> dict:
+    """A checkpoint's optimizer state, laid out in `optimizer`'s parameter groups.
+
+    One written with a single group by the code before MoE layers were kept out of weight
+    decay (with a nonzero decay) is split as build_optimizer splits now: its per-parameter
+    state follows each parameter (`params`: the model's, in the single group's order), each
+    group keeps its own weight decay. Any other layout is returned as is."""
+    if len(saved["param_groups"]) != 1 or len(optimizer.param_groups) == 1:
+        return saved
+    old = saved["param_groups"][0]
+    index = {id(p): i for i, p in enumerate(params)}
+    state, groups, k = {}, [], 0
+    for group in optimizer.param_groups:
+        ids = []
+        for p in group["params"]:
+            if index[id(p)] in saved["state"]:
+                state[k] = saved["state"][index[id(p)]]
+            ids.append(k)
+            k += 1
+        groups.append({**old, "weight_decay": group["weight_decay"], "params": ids})
+    return {"state": state, "param_groups": groups}

@@ -44,7 +44,7 @@ from framework.distributed import (
     broadcast_from_main,
     mean_over_ranks,
 )
-from framework.optim import build_optimizer, lr_factor
+from framework.optim import build_optimizer, in_groups_of, lr_factor
 
 
 @dataclass(frozen=True)
@@ -218,7 +218,8 @@ class Trainer:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        self.optimizer.load_state_dict(in_groups_of(state["optimizer"], self.optimizer,
+                                                    list(self.model.parameters())))
         self.scaler.load_state_dict(state["scaler"])
         self.task.load_state_dict(state["task"])
         rngs = state["rng"]  # one per rank

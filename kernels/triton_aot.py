@@ -149,8 +149,14 @@ def main(argv=None) -> None:
     if problem := aot_problem():
         sys.exit(problem)
     if not args.all_configs:
+        launched = {}
+        if args.dtype == "fp32-ieee":  # launched with its own configs only
+            from kernels.triton_launch import IEEE_CONFIGS
+
+            cfg = IEEE_CONFIGS[0]
+            launched = dict(warps=cfg.num_warps, stages=cfg.num_stages, blocks=cfg.kwargs)
         for name in args.kernels:
-            for report in compile_all(args.dtype, kernel=name, spills=args.spills):
+            for report in compile_all(args.dtype, kernel=name, spills=args.spills, **launched):
                 print(json.dumps(report), flush=True)
         return
     from kernels import triton_launch as tl

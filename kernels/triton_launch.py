@@ -86,7 +86,7 @@ IEEE_CONFIGS = [_cfg(64, 64, 64, 4, 3), SMALL_CONFIG]
 # disk cache keys on the config list, so benchmarks and training still tune in full)
 AUTOTUNE = os.environ.get("SIGMA_MOE_TRITON_AUTOTUNE", "1") != "0"
 _MIN_BLOCK_N = (_INTERPRET_BLOCKS["BLOCK_N"] if INTERPRET
-                else min(c.kwargs["BLOCK_N"] for c in [*MM_CONFIGS, SMALL_CONFIG]))
+                else min(c.kwargs["BLOCK_N"] for c in [*MM_CONFIGS, SMALL_CONFIG, *IEEE_CONFIGS]))
 
 
 def smem_bytes(cfg: triton.Config, elem_bytes: int, wgrad: bool = False) -> int:

@@ -113,17 +113,15 @@ def describe_data(data: TokenData, cfg: LMTaskConfig, steps: int
                   ) -> tuple[dict[str, Any], str | None]:
     """(what results.json records of the data, a warning or None).
 
-    The record: the dataset, tokens (and, where counted, words) per split, how many passes
-    over the train split `steps` training steps make (StreamBatcher wraps at the end of its
-    streams), and where the tokens came from (`TokenData.origin`: the cache entry, its
-    source and sha256s). The warning: a corpus the paper reads once (C4, peS2o) that this
-    run would read again, e.g. after `trainer.steps` was raised without the matching
-    training tokens.
+    The record: the dataset, tokens per split, how many passes over the train split
+    `steps` training steps make (StreamBatcher wraps at the end of its streams), and where
+    the tokens came from (`TokenData.origin`: the cache entry, its source and sha256s). The
+    warning: a corpus the paper reads once (C4, peS2o) that this run would read again,
+    e.g. after `trainer.steps` was raised without the matching training tokens.
     """
     n_train = len(data.split("train"))
     per_epoch = StreamBatcher(data.split("train"), cfg.batch_size, cfg.context).steps_per_epoch
     record = {"name": data.name, "tokens": {s: len(a) for s, a in data.splits.items()},
-              **({"words": data.words} if data.words else {}),
               "train_epochs": float(f"{steps / per_epoch:.4g}"), **data.origin}
     warning = None
     if data.one_pass_key and steps > per_epoch:
@@ -201,6 +199,11 @@ class LMTask:
         total = min(n_seg, max_segments) if max_segments else n_seg
         mem_len = mem_segments * self.cfg.context
         sum_ce, count, mems = 0.0, 0, None
+        # word-level perplexity, an extra beside the subword one (docs/REFERENCE.md
+        # "Metrics"): the same cross-entropy over the words of the targets read
+        starts = (torch.from_numpy(self.data.word_start).to(self.device)
+                  if self.data.metric == "ppl" and self.data.word_start is not None else None)
+        n_words = 0
         # no bar into a log file (disable=None: a terminal only), where it is one long line,
         # but a line every EVAL_LINE_S: a final evaluation can take minutes
         lines = progress and not sys.stderr.isatty()
@@ -216,18 +219,17 @@ class LMTask:
                            f"{tqdm.format_interval(left)} left", file=sys.stderr)
             logits, mems = self.model(x_BT.to(self.device), mems)
             mems = [mem[:, -mem_len:] for mem in mems] if mem_len else None
-            ce = F.cross_entropy(logits.float().flatten(0, 1), y_BT.to(self.device).flatten(),
-                                 reduction="sum")
+            y_BT = y_BT.to(self.device)
+            ce = F.cross_entropy(logits.float().flatten(0, 1), y_BT.flatten(), reduction="sum")
             sum_ce = sum_ce + ce.double()  # summed on the device: no sync per batch
             count += y_BT.numel()
-        ce = float(sum_ce) / max(count, 1)
-        result: dict[str, Any] = self.metric(ce)
+            if starts is not None:
+                n_words = n_words + starts[y_BT].sum()
+        result: dict[str, Any] = self.metric(float(sum_ce) / max(count, 1))
         result["tokens"] = count
-        if self.data.metric == "ppl" and (words := self.data.words.get(split)):
-            # an extra, never instead of the subword ppl (docs/REFERENCE.md "Metrics"): the
-            # cross-entropy per word is the mean per token times the split's tokens per word
-            per_word = ce * len(self.data.split(split)) / words
-            result["word_ppl"] = math.exp(min(per_word, 50.0))
+        if starts is not None and (n_words := int(n_words)):
+            result["words"] = n_words
+            result["word_ppl"] = math.exp(min(float(sum_ce) / n_words, 50.0))
         if stats:
             result["routing"] = [f.stats.summary() for f in ffns]
         for f in ffns:

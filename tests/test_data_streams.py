@@ -148,27 +148,29 @@ def test_a_limited_split_stops_reading_its_source(tmp_path):
     out = subword.write_split(tmp_path, "train", source(), (tmp_path / "m.model").read_bytes(),
                               eos=True, num_proc=1, limit=100)
     assert out["length"] == 100 and len(read) <= 2 * subword.CHUNK_TEXTS
-    assert "words" not in out  # cut at the limit: the texts read are not the tokens kept
 
 
-def test_wt103_and_c4_count_the_words_of_their_evaluation_splits(tmp_path, c4_dir):
-    """The denominator of word-level perplexity: whitespace words of the split's lines
-    (WikiText-103: no end-of-line token), plus one per document where an EOS token ends it
-    (C4); a train split cut at its token limit has none."""
+def test_word_starts_count_the_words_of_wt103_and_c4_text(tmp_path, c4_dir):
+    """The denominator of word-level perplexity: the tokens that start a word are as many as
+    the whitespace-separated words of the text (WikiText-103: its lines, no end-of-line
+    token), plus one per document where an EOS token ends it (C4)."""
     rng = random.Random(4)
     text = {s: [sentence(rng, 7) for _ in range(150 if s == "train" else 6)] for s in FILES}
+    text["valid"][0] += " 1984 <unk> @-@ x"  # digits split one per piece, release markup
     for split, lines in text.items():
         (tmp_path / FILES[split]).write_text("".join(f" {line} \n \n" for line in lines))
     data = Wt103.load(Wt103Config(source=str(tmp_path), cache_dir=str(tmp_path / "c"),
                                   vocab_size=60, num_proc=1))
-    assert data.words == {s: sum(len(line.split()) for line in text[s]) for s in FILES}
+    for split in FILES:
+        words = sum(len(line.split()) for line in text[split])
+        assert data.word_start[data.splits[split]].sum() == words, split
 
     root, _, valid_docs = c4_dir
     data = C4.load(C4Config(source=str(root), cache_dir=str(tmp_path / "c4c"), vocab_size=80,
                             spm_train_docs=50, train_tokens=300, valid_docs=5, num_proc=1))
-    want = [sum(len(doc.split()) + 1 for doc in docs)
-            for docs in (valid_docs[:5], valid_docs[5:10])]
-    assert [data.words["valid"], data.words["test"]] == want and "train" not in data.words
+    for split, docs in (("valid", valid_docs[:5]), ("test", valid_docs[5:10])):
+        words = sum(len(doc.split()) + 1 for doc in docs)
+        assert data.word_start[data.splits[split]].sum() == words, split
 
 
 def test_the_recorded_vocabulary_is_the_models(tmp_path):

@@ -326,13 +326,13 @@ def test_tf32_is_read_from_either_torch_api():
 
 
 def test_fp32_without_tf32_compiles_without_spills():
-    """The IEEE configs: every kernel variant for sm_90 within 255 registers, no spills
-    (the tensor-core configs need over 255 on FMA units and spill up to 2 KB)."""
+    """The IEEE configs: every kernel variant for sm_90 without spills (the tensor-core
+    configs need over 255 registers per thread on FMA units and spill up to 2 KB)."""
     reports = _compile_for_hopper("fp32-ieee", "--all-configs", "--spills")
     from kernels.triton_launch import IEEE_CONFIGS
 
     assert len(reports) == 3 * 2 * len(IEEE_CONFIGS)
-    assert all(r["spill_bytes"] == 0 and r["registers"] <= 255 for r in reports), reports
+    assert all(r["spill_bytes"] == 0 for r in reports), reports
 
 
 def test_gpu_autotuners_prune_and_cache():

@@ -150,13 +150,21 @@ def test_evaluation_is_the_token_weighted_loss_of_one_pass_over_each_stream():
         want = F.cross_entropy(logits.flatten(0, 1), streams[:, 1:].flatten())
     assert got["tokens"] == 68 and got["loss"] == pytest.approx(want.item(), rel=1e-5)
     assert got["ppl"] == pytest.approx(math.exp(want.item()), rel=1e-5)
-    assert "word_ppl" not in got  # no word counts: no word-level perplexity
-    # with the split's word count: per-word CE = mean per-token CE x tokens per word (70/50)
-    task.data = TokenData("toy", data.splits, V, "ppl", words={"valid": 50})
+    assert "word_ppl" not in got  # which tokens start a word is not known
+    # word level: the summed cross-entropy over the targets that start a word
+    word_start = np.arange(V) % 3 == 0
+    task.data = TokenData("toy", data.splits, V, "ppl", word_start=word_start)
     got = task.evaluate("valid", batch_size=2, mem_segments=8)
-    assert got["word_ppl"] == pytest.approx(math.exp(want.item() * 70 / 50), rel=1e-5)
+    n_words = int(word_start[streams[:, 1:].numpy()].sum())
+    assert got["words"] == n_words and 0 < n_words < 68
+    assert got["word_ppl"] == pytest.approx(math.exp(want.item() * 68 / n_words), rel=1e-5)
     assert got["ppl"] == pytest.approx(math.exp(want.item()), rel=1e-5)  # still subword
-    task.data = TokenData("toy", data.splits, V, "bpc", words={"valid": 50})
+    # a part of the split: the words of the targets read, not the split's
+    part = task.evaluate("valid", batch_size=2, mem_segments=8, max_segments=2)
+    n_part = int(word_start[streams[:, 1:17].numpy()].sum())
+    assert part["words"] == n_part and part["tokens"] == 32
+    assert part["word_ppl"] == pytest.approx(math.exp(part["loss"] * 32 / n_part), rel=1e-5)
+    task.data = TokenData("toy", data.splits, V, "bpc", word_start=word_start)
     assert "word_ppl" not in task.evaluate("valid", batch_size=2, mem_segments=8)
 
 

@@ -50,9 +50,9 @@ class TokenData:
     # for a corpus the paper reads once (C4, peS2o): the config key that sets how many
     # training tokens there are; a run that would read them twice is warned (tasks/lm.py)
     one_pass_key: str = ""
-    # split -> words in its text, for subword data whose word count is known: evaluation
-    # then adds word-level perplexity (tasks/lm.py; docs/REFERENCE.md "Metrics")
-    words: dict[str, int] = field(default_factory=dict)
+    # bool [vocab_size]: the tokens that start a word (subword data: evaluation then adds
+    # word-level perplexity, tasks/lm.py; docs/REFERENCE.md "Metrics"); None: not known
+    word_start: np.ndarray | None = None
 
     def split(self, name: str) -> np.ndarray:
         if name not in self.splits:

@@ -131,13 +131,6 @@ class Entry:
             return np.zeros(0, dtype=dtype)
         return np.memmap(file, dtype=dtype, mode="r", shape=(info["length"],))
 
-    def words(self) -> dict[str, int]:
-        """split -> its count of words (framework/data/subword.py write_split), for the
-        splits whose count was recorded (not a split cut at a token limit, nor an entry
-        prepared before words were counted)."""
-        return {name: info["words"] for name, info in self.manifest["arrays"].items()
-                if "words" in info}
-
     def checksums(self) -> dict[str, str | None]:
         """file -> the sha256 the manifest records (None: prepared before checksums)."""
         return {**{info["file"]: info.get("sha256") for info in self.manifest["arrays"].values()},

@@ -40,7 +40,13 @@ from framework.data.cache import (
     files_fingerprint,
     load_or_prepare,
 )
-from framework.data.subword import SpmSettings, build_subword, check_vocab_size, resolve_num_proc
+from framework.data.subword import (
+    SpmSettings,
+    build_subword,
+    check_vocab_size,
+    resolve_num_proc,
+    word_starts,
+)
 
 log = logging.getLogger(__name__)
 # 100k steps x batch 64 x context 512: the largest C4/peS2o run of the paper (docs/REFERENCE.md,
@@ -228,10 +234,8 @@ class HfStream:
                      cfg.needed_tokens, e.path)
             origin["sha256"]["train"] = hashlib.sha256(splits["train"].data).hexdigest()
             origin["train_tokens_stored"] = len(train)
-        # words of what the splits hold: not of the train split when the run reads a prefix
-        words = {s: n for s, n in e.words().items() if len(splits[s]) == len(e.array(s))}
         return TokenData(cls.NAME, splits, e.manifest["vocab_size"], "ppl", origin,
-                         one_pass_key="dataset.train_tokens", words=words)
+                         one_pass_key="dataset.train_tokens", word_start=word_starts(e.path))
 
 
 @DATASETS.register("c4")

@@ -150,23 +150,11 @@ def resolve_num_proc(num_proc: int) -> int:
 
 def write_split(out_dir: Path, split: str, texts: Iterable[str], model: bytes, eos: bool,
                 num_proc: int, limit: int = 0, desc: str = "") -> dict[str, Any]:
-    """Encodes `texts` into `<out_dir>/<split>.bin` (at most `limit` tokens if > 0).
-
-    The returned record holds `words` when every text was encoded (not cut at `limit`): the
-    whitespace-separated words of the texts, plus one per text when it ends with an EOS
-    token (a predicted token, like the end-of-line token of word-level WikiText-103), the
-    denominator of word-level perplexity (tasks/lm.py)."""
+    """Encodes `texts` into `<out_dir>/<split>.bin` (at most `limit` tokens if > 0)."""
     writer = ArrayWriter(out_dir, split, np.uint16, limit)
     bar = tqdm(desc=f"{desc} {split}", unit="tok", unit_scale=True, disable=None,
                total=limit or None)
-    words = [0]
-
-    def counted(texts: Iterable[str]) -> Iterator[str]:
-        for text in texts:
-            words[0] += len(text.split()) + eos
-            yield text
-
-    stream = encode_texts(counted(texts), model, eos, num_proc)
+    stream = encode_texts(texts, model, eos, num_proc)
     try:
         for ids in stream:
             bar.update(writer.append(ids))
@@ -178,8 +166,24 @@ def write_split(out_dir: Path, split: str, texts: Iterable[str], model: bytes, e
     finally:
         stream.close()  # stops the worker pool when we leave early
         bar.close()
-    # full: the texts read ahead of the cut are counted but not encoded
-    return writer.close() | ({} if writer.full else {"words": words[0]})
+    return writer.close()
+
+
+def word_starts(entry_path: Path) -> np.ndarray:
+    """bool [vocab]: the pieces that start a word, for word-level perplexity (tasks/lm.py).
+
+    SentencePiece marks the start of every whitespace-separated word with "▁" (its
+    defaults: a dummy prefix, whitespace split), so the "▁" pieces among some tokens
+    count exactly the words they encode; the EOS token, which ends each document of C4 and
+    peS2o and which the model predicts, counts as one as well.
+    """
+    import sentencepiece as spm
+
+    sp = spm.SentencePieceProcessor(model_file=str(entry_path / "spm.model"))
+    starts = np.array([sp.id_to_piece(i).startswith("\u2581")  # "▁"
+                       for i in range(sp.get_piece_size())])
+    starts[sp.eos_id()] = True
+    return starts
 
 
 def reusable_model(previous: Entry | None) -> bytes | None:

@@ -35,6 +35,7 @@ from framework.data.subword import (
     build_subword,
     check_vocab_size,
     resolve_num_proc,
+    word_starts,
 )
 
 EXTRACT_VERSION = 1  # bump when the text extraction changes: the cache key follows
@@ -140,4 +141,5 @@ class WikitextMini:
     def load(cfg: WikitextMiniConfig) -> TokenData:
         e = WikitextMini.entry(cfg)
         return TokenData("wikitext_mini", {s: e.array(s) for s in SPLITS},
-                         e.manifest["vocab_size"], "ppl", e.origin(), words=e.words())
+                         e.manifest["vocab_size"], "ppl", e.origin(),
+                         word_start=word_starts(e.path))

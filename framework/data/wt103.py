@@ -21,7 +21,13 @@ from framework.config import ConfigError
 from framework.data import DATASETS
 from framework.data.base import TokenData, reading
 from framework.data.cache import Entry, Source, files_fingerprint, load_or_prepare
-from framework.data.subword import SpmSettings, build_subword, check_vocab_size, resolve_num_proc
+from framework.data.subword import (
+    SpmSettings,
+    build_subword,
+    check_vocab_size,
+    resolve_num_proc,
+    word_starts,
+)
 
 FILES = {"train": "wiki.train.tokens", "valid": "wiki.valid.tokens", "test": "wiki.test.tokens"}
 HF_REPO, HF_CONFIG = "Salesforce/wikitext", "wikitext-103-v1"
@@ -135,4 +141,4 @@ class Wt103:
     def load(cfg: Wt103Config) -> TokenData:
         e = Wt103.entry(cfg)
         return TokenData("wt103", {s: e.array(s) for s in FILES}, e.manifest["vocab_size"], "ppl",
-                         e.origin(), words=e.words())
+                         e.origin(), word_start=word_starts(e.path))

@@ -83,9 +83,9 @@ class RoutingStats:
 class FFN(nn.Module):
     """Base class of every feedforward variant; subclasses set `Config` and `forward`."""
 
-    # False: a nonzero trainer.weight_decay leaves this layer's parameters alone (the MoE
+    # True: a nonzero trainer.weight_decay leaves this layer's parameters alone (the MoE
     # layers: docs/REFERENCE.md "no weight decay"); read by framework/optim.py
-    weight_decay: bool = True
+    no_weight_decay: bool = False
 
     def __init__(self) -> None:
         super().__init__()

@@ -66,7 +66,7 @@ def equal_norm_rows_(w_ED: torch.Tensor, std: float) -> torch.Tensor:
 class ExpertsFFN(FFN):
     """Owns the expert weights and the expert computation; subclasses implement `select`."""
 
-    weight_decay = False  # MoE layers are never decayed (docs/REFERENCE.md)
+    no_weight_decay = True  # MoE layers are never decayed (docs/REFERENCE.md)
 
     def __init__(self, cfg: ExpertsConfig):
         super().__init__()
