@@ -49,12 +49,14 @@ ck.torch.save = save
 
 # Steps of 0.2 s: a signal sent after step 3 (or 8) lands before step 10 however fast the machine
 # (the tiny model's steps take milliseconds; the test polls every 50 ms)
+# slow from step 3 on, which the tests wait for before they signal: the run must not end
+# before the signal lands, even on a loaded machine (0.2 s each: it did, once)
 SLOW_STEPS = """
 import time
 from framework.trainer import Trainer
 real_step = Trainer.train_step
 def train_step(self):
-    time.sleep(0.2)
+    time.sleep(0.2 if self.step < 3 else 2.0)
     return real_step(self)
 Trainer.train_step = train_step
 """
