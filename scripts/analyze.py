@@ -3,7 +3,7 @@
 `coocurence`).
 
     python scripts/analyze.py runs/wt103_small_dense                 # Fig. 1
-    python scripts/analyze.py runs/wt103_star_moe runs/wt103_star_switch --layer 5
+    python scripts/analyze.py runs/wt103_star_moe runs/wt103_star_switch --layer 6
     python scripts/analyze.py runs/x/checkpoint_00100000.pt --split test --max-segments 50
 
 For each run (a run directory: its config.yaml and newest valid checkpoint; or one
@@ -19,9 +19,13 @@ each other):
 * expert_usage: share of the selection weight per expert, experts sorted by popularity,
   one panel per layer, runs overlaid (paper Figs. moe_counts_*); with `--layer L` also
   expert_usage_layer<L> for that layer alone.
-* cooccurrence_layer<L>: P(expert f chosen | expert e chosen) over tokens, row e, diagonal
-  masked (paper Fig. coocurence); every layer, or only `--layer L`.
-Layers are numbered from 1, as in the paper. Default `--max-segments`: the run's own
+* cooccurrence_layer<L>: row e is the distribution of the experts chosen together with e
+  (P(f chosen | e chosen) over tokens, diagonal zeroed, scaled to sum 1; paper Fig.
+  coocurence); every layer, or only `--layer L`.
+`--split valid,test` pools the splits (paper Fig. 1: "all tokens of the test and validation
+set"): one evaluation each, their routing statistics summed.
+Layers are numbered from 1 (the paper's "Layer 5" is most likely 0-based, our 6:
+docs/reproducing.md "The figures"). Default `--max-segments`: the run's own
 task.final_segments (0 = the whole split, as the paper), so the numbers equal the routing
 statistics in its results.json. Every argument, config.yaml, checkpoint, dataset and the
 output folder is checked before the first evaluation; a bad one is one `error:` line.
@@ -148,9 +152,10 @@ def load_run(run: dict[str, Any], datasets: dict[str, Any]) -> dict[str, Any]:
     return {**run, "data": data, "model": model, "step": int(state.get("step", 0))}
 
 
-def analyze(run: dict[str, Any], dev, split: str = "valid",
+def analyze(run: dict[str, Any], dev, splits: tuple[str, ...] = ("valid",),
             max_segments: int | None = None) -> dict[str, Any]:
-    """One evaluation pass with routing statistics; the numbers of every figure."""
+    """One evaluation pass per split with routing statistics, pooled over the splits (the
+    paper's Fig. 1 pools valid and test); the numbers of every figure."""
     import torch
 
     from tasks.lm import LMTask
@@ -159,13 +164,21 @@ def analyze(run: dict[str, Any], dev, split: str = "valid",
     model = run.pop("model").to(dev)  # handed over: one model on the device at a time
     task = LMTask(task_cfg, data, model, dev)
     segments = task_cfg.final_segments if max_segments is None else max_segments
+    per_split = {}
     with torch.no_grad():
-        r = task.evaluate(split, task_cfg.eval_batch_size, task_cfg.eval_mem_segments,
-                          segments, stats=True, progress=True)  # a whole split: minutes
+        for i, split in enumerate(splits):  # a whole split: minutes
+            per_split[split] = task.evaluate(split, task_cfg.eval_batch_size,
+                                             task_cfg.eval_mem_segments, segments, stats=True,
+                                             progress=True, add_stats=i > 0)
+    tokens = sum(r["tokens"] for r in per_split.values())
+    loss = sum(r["loss"] * r["tokens"] for r in per_split.values()) / max(tokens, 1)
     return {"label": str(cfg.get("name", run_dir.name)), "run_dir": str(run_dir),
-            "step": run["step"], "ffn": model.cfg.ffn_kind, "split": split,
-            "max_segments": segments, "tokens": r["tokens"], "metric": data.metric,
-            data.metric: r[data.metric], "layers": summarize_layers(r["routing"])}
+            "step": run["step"], "ffn": model.cfg.ffn_kind, "split": "+".join(splits),
+            "max_segments": segments, "tokens": tokens, "metric": data.metric,
+            data.metric: task.metric(loss)[data.metric],
+            **({"per_split": {s: {data.metric: r[data.metric], "tokens": r["tokens"]}
+                              for s, r in per_split.items()}} if len(splits) > 1 else {}),
+            "layers": summarize_layers(per_split[splits[-1]]["routing"])}
 
 
 def summarize_layers(routing: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -173,6 +186,9 @@ def summarize_layers(routing: list[dict[str, Any]]) -> list[dict[str, Any]]:
     layers = []
     for i, summary in enumerate(routing):
         layer = {"layer": i + 1, **summary}
+        if "cooccurrence" in summary:
+            layer["cooccurrence_distribution"] = cooccurrence_distribution(
+                summary["cooccurrence"]).tolist()
         if "expert_share" in summary:
             share = np.asarray(summary["expert_share"], dtype=float)
             order = np.argsort(-share, kind="stable")
@@ -250,11 +266,15 @@ def plot_usage(runs: list[dict[str, Any]], out: Path, layer: int | None = None) 
     return paths
 
 
-def cooccurrence_image(cooc: list[list[float]]) -> np.ndarray:
-    """P(f | e) with the diagonal (always 1) masked."""
+def cooccurrence_distribution(cooc: list[list[float]]) -> np.ndarray:
+    """Row e: the distribution of the experts chosen together with e (paper Fig. coocurence,
+    "each row shows the distribution"; the authors' plot_coocurence.py): P(f | e) with the
+    diagonal zeroed, each row scaled to sum to 1 (P(f | e) sums to K-1 over f != e when a
+    token's K experts are distinct). A row of an expert never chosen is NaN."""
     m = np.array(cooc, dtype=float)
-    np.fill_diagonal(m, np.nan)
-    return m
+    np.fill_diagonal(m, 0.0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return m / m.sum(1, keepdims=True)
 
 
 def plot_cooccurrence(runs: list[dict[str, Any]], out: Path,
@@ -266,10 +286,12 @@ def plot_cooccurrence(runs: list[dict[str, Any]], out: Path,
             if "cooccurrence" not in la or (layer is not None and la["layer"] != layer):
                 continue
             fig, ax = plt.subplots(figsize=(4.5, 3.8))
-            im = ax.imshow(cooccurrence_image(la["cooccurrence"]), cmap="viridis")
-            fig.colorbar(im, ax=ax, label="P(column chosen | row chosen)")
-            ax.set_xlabel("expert")
-            ax.set_ylabel("expert")
+            m = np.asarray(la["cooccurrence_distribution"], dtype=float)
+            n = len(m)  # experts numbered from 1, as the paper's figure
+            im = ax.imshow(m, cmap="Blues", extent=(0.5, n + 0.5, n + 0.5, 0.5))
+            fig.colorbar(im, ax=ax, label="share of the row expert's partners")
+            ax.set_xlabel("expert (used with)")
+            ax.set_ylabel("expert (target)")
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))
             ax.yaxis.set_major_locator(MaxNLocator(integer=True))
             ax.set_title(f"{r['label']}: layer {la['layer']}", fontsize=9)
@@ -304,12 +326,23 @@ def check_writable(out: Path) -> None:
             from None
 
 
+def split_list(text: str) -> tuple[str, ...]:
+    splits = tuple(text.split(","))
+    if not splits or any(s not in ("train", "valid", "test") for s in splits) or \
+            len(set(splits)) < len(splits):
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: train, valid or test, or several without repeats (valid,test)")
+    return splits
+
+
 def main(argv: list[str] | None = None) -> list[Path]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("paths", type=Path, nargs="+", metavar="CHECKPOINT_OR_RUN_DIR")
-    ap.add_argument("--split", default="valid", choices=("train", "valid", "test"))
-    ap.add_argument("--out", type=Path, help="default: <first run dir>/analysis/<split>")
+    ap.add_argument("--split", default="valid", type=split_list,
+                    help="train, valid or test, or several pooled: valid,test (paper Fig. 1)")
+    ap.add_argument("--out", type=Path, help="default: <first run dir>/analysis/<split> "
+                                             "(valid+test when pooled)")
     ap.add_argument("--max-segments", type=int,
                     help="evaluate the first N segments (0 = whole split; default: the "
                          "run's task.final_segments)")
@@ -364,7 +397,8 @@ def analyze_all(ap: argparse.ArgumentParser, args: argparse.Namespace) -> list[P
         n_layers = min(c["model_cfg"].n_layers for c in configs)
         if not 1 <= args.layer <= n_layers:
             ap.error(f"--layer {args.layer}: the runs have layers 1..{n_layers}")
-    out = args.out or configs[0]["run_dir"] / "analysis" / args.split  # splits side by side
+    # splits side by side
+    out = args.out or configs[0]["run_dir"] / "analysis" / "+".join(args.split)
     check_writable(out)
     datasets: dict[str, Any] = {}
     loaded = [load_run(c, datasets) for c in configs]

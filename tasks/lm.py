@@ -186,13 +186,17 @@ class LMTask:
 
     @torch.no_grad()
     def evaluate(self, split: str, batch_size: int, mem_segments: int, max_segments: int = 0,
-                 stats: bool = False, progress: bool = False) -> dict[str, Any]:
-        """Token-weighted mean cross-entropy over a split, memory reset at the start."""
+                 stats: bool = False, progress: bool = False,
+                 add_stats: bool = False) -> dict[str, Any]:
+        """Token-weighted mean cross-entropy over a split, memory reset at the start.
+        `add_stats`: the routing statistics add to the previous evaluation's (splits pooled,
+        scripts/analyze.py) instead of starting over."""
         was_training = self.model.training
         self.model.eval()
         ffns = self.model.ffns()
         for f in ffns:
-            f.stats.reset()
+            if not add_stats:
+                f.stats.reset()
             f.stats.enabled = stats
         batcher = StreamBatcher(self.data.split(split), batch_size, self.cfg.context)
         n_seg = -(-(batcher.stream_len - 1) // self.cfg.context)

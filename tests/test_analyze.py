@@ -146,10 +146,63 @@ def test_hand_built_routing(tmp_path):
     np.testing.assert_allclose(saved[0]["expert_share_sorted"], np.sort(share)[::-1])
     cond = both / np.diag(both)[:, None]  # P(f chosen | e chosen)
     np.testing.assert_allclose(saved[0]["cooccurrence"], cond)
-    img = analyze.cooccurrence_image(saved[0]["cooccurrence"])
-    assert np.isnan(np.diag(img)).all() and img[0, 1] == pytest.approx(2 / 4)
+    # the drawn rows: the distribution of each expert's partners (diagonal out, sum 1)
+    partners = both - np.diag(np.diag(both))
+    np.testing.assert_allclose(saved[0]["cooccurrence_distribution"],
+                               partners / partners.sum(1, keepdims=True))
+    assert saved[0]["cooccurrence_distribution"][0] == pytest.approx([0, 2 / 4, 1 / 4, 1 / 4])
     assert saved[0]["dead_fraction"] == 0.0
     assert saved[1]["active_mean"] == 1.5 and saved[1]["active_std"] == 0.5  # counts 2 and 1
+
+
+def test_splits_pool_their_routing_statistics(runs):
+    """--split valid,test (paper Fig. 1 pools them): the routing sums of the pooled pass are
+    those of the two splits added, the loss their token-weighted mean."""
+    from tasks.lm import LMTask
+
+    config = analyze.run_config(runs / "moe", torch.device("cpu"))
+    run = analyze.load_run(config, {})
+    task = LMTask(run["task_cfg"], run["data"], run["model"], torch.device("cpu"))
+    ffns = run["model"].ffns()
+
+    def sums(split, add=False):
+        task.evaluate(split, 2, 4, 1, stats=True, add_stats=add)
+        return [{k: v.clone() for k, v in f.stats.sums.items()} for f in ffns]
+
+    valid, test = sums("valid"), sums("test")
+    sums("valid")
+    pooled = sums("test", add=True)
+    for v, t, p in zip(valid, test, pooled, strict=True):
+        assert set(p) == set(v) and all(torch.allclose(p[k], v[k] + t[k]) for k in p)
+    res = analyze.analyze(analyze.load_run(config, {}), torch.device("cpu"), ("valid", "test"),
+                          max_segments=1)
+    per = [res["per_split"][s] for s in ("valid", "test")]
+    assert res["split"] == "valid+test" and res["tokens"] == sum(p["tokens"] for p in per) == 128
+    bits = sum(p["bpc"] * p["tokens"] for p in per) / res["tokens"]
+    assert res["bpc"] == pytest.approx(bits)
+
+
+def test_figures_draw_the_numbers_they_are_said_to(runs, tmp_path, monkeypatch):
+    """The usage panels: each run's sorted shares on a log axis, the panel of the layer
+    asked for; the co-occurrence image: the saved distribution, experts from 1."""
+    drawn = {}
+
+    def keep(fig, out, stem):
+        drawn[stem] = fig
+        return []
+
+    monkeypatch.setattr(analyze, "save", keep)
+    analyze.main([str(runs / "moe"), "--out", str(tmp_path), "--layer", "2"])
+    layers = json.loads((tmp_path / "analysis.json").read_text())["runs"][0]["layers"]
+    panels = [ax for ax in drawn["expert_usage"].axes if ax.lines]
+    for ax, la in zip(panels, layers, strict=True):
+        assert ax.get_yscale() == "log" and ax.get_title() == f"Layer {la['layer']}"
+        np.testing.assert_allclose(ax.lines[0].get_ydata(), la["expert_share_sorted"])
+    [single] = drawn["expert_usage_layer2"].axes
+    np.testing.assert_allclose(single.lines[0].get_ydata(), layers[1]["expert_share_sorted"])
+    image = drawn["cooccurrence_layer2"].axes[0].images[0]
+    np.testing.assert_allclose(image.get_array(), layers[1]["cooccurrence_distribution"])
+    assert image.get_extent() == [0.5, 4.5, 4.5, 0.5]  # 4 experts, numbered 1..4
 
 
 def copy_run(runs, tmp_path, edit=None, name="copy"):
