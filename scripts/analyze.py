@@ -270,11 +270,12 @@ def cooccurrence_distribution(cooc: list[list[float]]) -> np.ndarray:
     """Row e: the distribution of the experts chosen together with e (paper Fig. coocurence,
     "each row shows the distribution"; the authors' plot_coocurence.py): P(f | e) with the
     diagonal zeroed, each row scaled to sum to 1 (P(f | e) sums to K-1 over f != e when a
-    token's K experts are distinct). A row of an expert never chosen is NaN."""
+    token's K experts are distinct). An expert never chosen with another (never chosen at
+    all, or K = 1) has a row of zeros: analysis.json stays strict JSON, without NaN."""
     m = np.array(cooc, dtype=float)
     np.fill_diagonal(m, 0.0)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return m / m.sum(1, keepdims=True)
+    total = m.sum(1, keepdims=True)
+    return m / np.where(total > 0, total, 1.0)
 
 
 def plot_cooccurrence(runs: list[dict[str, Any]], out: Path,

@@ -151,6 +151,8 @@ def test_hand_built_routing(tmp_path):
     np.testing.assert_allclose(saved[0]["cooccurrence_distribution"],
                                partners / partners.sum(1, keepdims=True))
     assert saved[0]["cooccurrence_distribution"][0] == pytest.approx([0, 2 / 4, 1 / 4, 1 / 4])
+    alone = analyze.cooccurrence_distribution([[3.0, 0.0], [0.0, 0.0]])  # K = 1, a dead one
+    assert alone.tolist() == [[0.0, 0.0], [0.0, 0.0]]
     assert saved[0]["dead_fraction"] == 0.0
     assert saved[1]["active_mean"] == 1.5 and saved[1]["active_std"] == 0.5  # counts 2 and 1
 
