@@ -35,6 +35,9 @@ def aot_problem() -> str | None:
 def variants(dt: str = "bf16", blocks: dict | None = None):
     """(kernel name, constexprs, unit-stride args, 16-divisible args, pointer types).
     dt "fp32-ieee": fp32 products without TF32 (torch's default), on FMA units."""
+    from kernels.triton_launch import MIN_SEG_P2
+
+    seg = {"SEG_P2": MIN_SEG_P2}  # what the launchers pass for E*K <= 128
     precision = "ieee" if dt == "fp32-ieee" else "tf32"
     dt = "fp32" if dt == "fp32-ieee" else dt
     base = {"DOT_F32": dt == "fp32", "PRECISION": precision,
@@ -48,19 +51,19 @@ def variants(dt: str = "bf16", blocks: dict | None = None):
              "scale_ptr": dt, "order_ptr": "i64"}
     return [
         # up-projection + ReLU: x [T, D], W1[e, d, g]
-        ("gather_mm_kernel", {**base, "EPILOGUE": 1, "SEG_P2": 128},
+        ("gather_mm_kernel", {**base, **seg, "EPILOGUE": 1},
          ["stride_ak", "stride_wn", "stride_cn"],
          ["N", "KD", "stride_am", "stride_we", "stride_wk", "stride_cm"], g_ptr),
         # fused backward of gate*ReLU: dy [T, D], W = W2^T (unit stride along k)
-        ("gather_mm_kernel", {**base, "EPILOGUE": 2, "SEG_P2": 128},
+        ("gather_mm_kernel", {**base, **seg, "EPILOGUE": 2},
          ["stride_ak", "stride_wk", "stride_cn"],
          ["N", "KD", "stride_am", "stride_we", "stride_wn", "stride_cm"], g_ptr),
         # gate-scaled down-projection of one slot: h [R, G], W2[e, g, d]
-        ("scatter_mm_kernel", {**base, "HAS_SCALE": True, "ACCUMULATE": True, "SEG_P2": 128},
+        ("scatter_mm_kernel", {**base, **seg, "HAS_SCALE": True, "ACCUMULATE": True},
          ["stride_ak", "stride_wn", "stride_yn"],
          ["N", "KD", "stride_am", "stride_we", "stride_wk", "stride_ym"], s_ptr),
         # dx of one slot: d pre-ReLU [R, G], W = W1^T
-        ("scatter_mm_kernel", {**base, "HAS_SCALE": False, "ACCUMULATE": False, "SEG_P2": 128},
+        ("scatter_mm_kernel", {**base, **seg, "HAS_SCALE": False, "ACCUMULATE": False},
          ["stride_ak", "stride_wk", "stride_yn"],
          ["N", "KD", "stride_am", "stride_we", "stride_wn", "stride_ym"], s_ptr),
         # dW2 = (gate h)^T dy[tok]  and  dW1 = x[tok]^T d pre-ReLU

@@ -180,10 +180,13 @@ def _dot_args(dtype: torch.dtype) -> dict:
     return {"DOT_F32": False, "PRECISION": "tf32"}  # 16-bit tiles: tensor cores, fp32 acc
 
 
+# at least this many segment lanes (a few hundred bytes of offsets per program): one
+# compiled variant serves every E*K up to 128, where each power of two was a compile of its own
+MIN_SEG_P2 = 128
+
+
 def _seg_p2(n_seg: int) -> int:
-    # at least 128 lanes (a few hundred bytes of offsets per program): one compiled variant
-    # serves every E*K up to 128, where each power of two was a compile of its own
-    return max(128, triton.next_power_of_2(n_seg))
+    return max(MIN_SEG_P2, triton.next_power_of_2(n_seg))
 
 
 def _n_slots(off_S: torch.Tensor, n_exp: int) -> int:

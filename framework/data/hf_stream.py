@@ -45,7 +45,7 @@ from framework.data.subword import (
     build_subword,
     check_vocab_size,
     resolve_num_proc,
-    word_starts,
+    subword_data,
 )
 
 log = logging.getLogger(__name__)
@@ -234,8 +234,7 @@ class HfStream:
                      cfg.needed_tokens, e.path)
             origin["sha256"]["train"] = hashlib.sha256(splits["train"].data).hexdigest()
             origin["train_tokens_stored"] = len(train)
-        return TokenData(cls.NAME, splits, e.manifest["vocab_size"], "ppl", origin,
-                         one_pass_key="dataset.train_tokens", word_start=word_starts(e.path))
+        return subword_data(cls.NAME, e, splits, origin, one_pass_key="dataset.train_tokens")
 
 
 @DATASETS.register("c4")

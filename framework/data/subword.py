@@ -28,7 +28,7 @@ import numpy as np
 from tqdm import tqdm
 
 from framework.config import ConfigError, first_line
-from framework.data.base import DataError
+from framework.data.base import DataError, TokenData
 from framework.data.cache import ArrayWriter, Entry
 
 CHUNK_TEXTS = 2000  # texts per worker task: big enough to amortize pickling, small for memory
@@ -184,6 +184,15 @@ def word_starts(entry_path: Path) -> np.ndarray:
                        for i in range(sp.get_piece_size())])
     starts[sp.eos_id()] = True
     return starts
+
+
+def subword_data(name: str, entry: Entry, splits: dict[str, np.ndarray],
+                 origin: dict[str, Any] | None = None, **kwargs: Any) -> TokenData:
+    """The TokenData of a prepared subword entry (build_subword): its vocabulary,
+    perplexity, where it came from, and which tokens start a word (word-level perplexity)."""
+    return TokenData(name, splits, entry.manifest["vocab_size"], "ppl",
+                     entry.origin() if origin is None else origin,
+                     word_start=word_starts(entry.path), **kwargs)
 
 
 def reusable_model(previous: Entry | None) -> bytes | None:

@@ -35,7 +35,7 @@ from framework.data.subword import (
     build_subword,
     check_vocab_size,
     resolve_num_proc,
-    word_starts,
+    subword_data,
 )
 
 EXTRACT_VERSION = 1  # bump when the text extraction changes: the cache key follows
@@ -140,6 +140,4 @@ class WikitextMini:
     @staticmethod
     def load(cfg: WikitextMiniConfig) -> TokenData:
         e = WikitextMini.entry(cfg)
-        return TokenData("wikitext_mini", {s: e.array(s) for s in SPLITS},
-                         e.manifest["vocab_size"], "ppl", e.origin(),
-                         word_start=word_starts(e.path))
+        return subword_data("wikitext_mini", e, {s: e.array(s) for s in SPLITS})

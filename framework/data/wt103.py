@@ -26,7 +26,7 @@ from framework.data.subword import (
     build_subword,
     check_vocab_size,
     resolve_num_proc,
-    word_starts,
+    subword_data,
 )
 
 FILES = {"train": "wiki.train.tokens", "valid": "wiki.valid.tokens", "test": "wiki.test.tokens"}
@@ -140,5 +140,4 @@ class Wt103:
     @staticmethod
     def load(cfg: Wt103Config) -> TokenData:
         e = Wt103.entry(cfg)
-        return TokenData("wt103", {s: e.array(s) for s in FILES}, e.manifest["vocab_size"], "ppl",
-                         e.origin(), word_start=word_starts(e.path))
+        return subword_data("wt103", e, {s: e.array(s) for s in FILES})
