@@ -15,6 +15,7 @@ Must run without TRITON_INTERPRET (the interpreter replaces triton.language).
 """
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import sys
@@ -43,12 +44,12 @@ def variants(dt: str = "bf16", blocks: dict | None = None):
     base = {"DOT_F32": dt == "fp32", "PRECISION": precision,
             **(blocks or {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64})}
     g_ptr = {"a_ptr": dt, "w_ptr": dt, "c_ptr": dt, "tok_ptr": "i32", "off_ptr": "i32",
-             "h_ptr": dt, "gate_ptr": dt, "order_ptr": "i64", "gpart_ptr": "fp32"}
+             "h_ptr": dt, "gate_ptr": dt, "order_ptr": "i64", "gpart_ptr": "fp32",
+             "gh_ptr": dt}
     s_ptr = {"a_ptr": dt, "w_ptr": dt, "y_ptr": dt, "tok_ptr": "i32", "off_ptr": "i32",
              "scale_ptr": dt, "order_ptr": "i64"}
     w_div = ["M", "N", "stride_am", "stride_bm", "stride_we", "stride_wm"]
-    w_ptr = {"a_ptr": dt, "b_ptr": dt, "dw_ptr": dt, "tok_ptr": "i32", "off_ptr": "i32",
-             "scale_ptr": dt, "order_ptr": "i64"}
+    w_ptr = {"a_ptr": dt, "b_ptr": dt, "dw_ptr": dt, "tok_ptr": "i32", "off_ptr": "i32"}
     return [
         # up-projection + ReLU: x [T, D], W1[e, d, g]
         ("gather_mm_kernel", {**base, **seg, "EPILOGUE": 1},
@@ -67,9 +68,9 @@ def variants(dt: str = "bf16", blocks: dict | None = None):
          ["stride_ak", "stride_wk", "stride_yn"],
          ["N", "KD", "stride_am", "stride_we", "stride_wn", "stride_ym"], s_ptr),
         # dW2 = (gate h)^T dy[tok]  and  dW1 = x[tok]^T d pre-ReLU
-        ("wgrad_kernel", {**base, "GATHER_A": False, "GATHER_B": True, "HAS_SCALE": True},
+        ("wgrad_kernel", {**base, "GATHER_A": False, "GATHER_B": True},
          ["stride_ak", "stride_bn", "stride_wn"], w_div, w_ptr),
-        ("wgrad_kernel", {**base, "GATHER_A": True, "GATHER_B": False, "HAS_SCALE": False},
+        ("wgrad_kernel", {**base, "GATHER_A": True, "GATHER_B": False},
          ["stride_ak", "stride_bn", "stride_wn"], w_div, w_ptr),
     ]
 
@@ -113,7 +114,9 @@ def compile_all(dt: str = "bf16", capability: int = 90, warps: int = 8, stages: 
             continue
         fn = getattr(triton_cvmm, name)
         names = fn.arg_names
-        cex = {**cex, **{n: 1 for n in ones}}
+        defaults = {n: p.default for n, p in inspect.signature(fn.fn).parameters.items()
+                    if p.default is not inspect.Parameter.empty}  # e.g. EARLY_Y
+        cex = {**defaults, **cex, **{n: 1 for n in ones}}
         sig = {n: "constexpr" if n in cex else (f"*{ptrs[n]}" if n in ptrs else "i32")
                for n in names}
         attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in [*ptrs, *div16]}
@@ -168,7 +171,7 @@ def main(argv=None) -> None:
     # `fits`: whether the compiled kernel fits an H100; fitting_configs decides from `estimate`
     for name in args.kernels:
         wgrad = name == "wgrad_kernel"
-        configs = ([*(tl.WGRAD_CONFIGS if wgrad else tl.MM_CONFIGS), tl.SMALL_CONFIG]
+        configs = ([*tl.AUTOTUNED_CONFIGS[name], tl.SMALL_CONFIG]
                    if args.dtype != "fp32-ieee" else tl.IEEE_CONFIGS)
         for cfg in configs:
             for report in compile_all(args.dtype, warps=cfg.num_warps, stages=cfg.num_stages,

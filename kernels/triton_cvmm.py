@@ -7,12 +7,13 @@ layer (Eq. `moe_out`) and its backward:
 
 - `gather_mm_kernel`: C[r] = epilogue(A[tok[r]] @ W[e_r]) -- the input-row gather is fused
   into the load (A is token-indexed, C is in sorted order). Epilogues: none, ReLU (fused
-  up-projection), or the fused backward of gate*relu (d gate partial sums, d pre-ReLU).
+  up-projection), or the fused backward of gate*relu (d gate partial sums, d pre-ReLU,
+  and gate*h for the down-projection's weight gradient).
 - `scatter_mm_kernel`: Y[tok[r]] (+)= scale_r * (A[r] @ W[e_r]) for the rows of ONE slot k.
   Launched for k = 0..K-1 in order: inside a slot every token occurs once, so the K expert
   outputs of a token are summed in a fixed order, in place, with no atomics and no
   T*K*D buffer (the down-projection, and the input gradient of any gathered CVMM).
-- `wgrad_kernel`: dW[e] = sum_{r of e} (scale_r A[ia_r])^T B[ib_r]. One program owns one
+- `wgrad_kernel`: dW[e] = sum_{r of e} A[ia_r]^T B[ib_r]. One program owns one
   (expert, output tile) and walks that expert's rows in order: deterministic, no atomics
   (the original and its Triton successor used atomics).
 
@@ -107,7 +108,7 @@ def _rows_times_expert(
 @triton.jit
 def gather_mm_kernel(
     a_ptr, w_ptr, c_ptr, tok_ptr, off_ptr,
-    h_ptr, gate_ptr, order_ptr, gpart_ptr,  # EPI_GATE_RELU_BWD only
+    h_ptr, gate_ptr, order_ptr, gpart_ptr, gh_ptr,  # EPI_GATE_RELU_BWD only
     n_exp, n_slots, N, KD, stride_gpart,
     stride_am, stride_ak, stride_we, stride_wk, stride_wn, stride_cm, stride_cn,
     EPILOGUE: tl.constexpr, DOT_F32: tl.constexpr,
@@ -117,7 +118,8 @@ def gather_mm_kernel(
     """C[r, :] = epilogue(A[tok[r], :] @ W[e_r]), r over expert segments.
 
     EPI_GATE_RELU_BWD: the product is d loss/d(gate*h); with h (same layout as C) and the
-    gate it stores C = d loss/d pre-ReLU and the partial d gate of this column tile.
+    gate it stores C = d loss/d pre-ReLU, GH = gate*h (the down-projection's input, for its
+    weight gradient) and the partial d gate of this column tile.
     """
     pid = tl.program_id(0)
     n_tiles_n = tl.cdiv(N, BLOCK_N)
@@ -134,16 +136,23 @@ def gather_mm_kernel(
     a_rows = tl.load(tok_ptr + rows, mask=row_ok, other=0).to(tl.int64)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < N
-    acc = _rows_times_expert(a_ptr, w_ptr, a_rows, row_ok, cols, col_ok, e, KD,
-                             stride_am, stride_ak, stride_we, stride_wk, stride_wn,
-                             DOT_F32, PRECISION, BLOCK_M, BLOCK_N, BLOCK_K)
     rows64 = rows.to(tl.int64)
     mask = row_ok[:, None] & col_ok[None, :]
     c_off = rows64[:, None] * stride_cm + cols[None, :] * stride_cn
+    # FMA products (fp32 without TF32) have no registers to spare for an early h tile (ptxas
+    # spills); tensor-core ones load it before the product, to hide its latency behind it
+    EARLY_H: tl.constexpr = EPILOGUE == 2 and PRECISION != "ieee"
+    if EARLY_H:
+        h = tl.load(h_ptr + c_off, mask=mask, other=0.0)
+    acc = _rows_times_expert(a_ptr, w_ptr, a_rows, row_ok, cols, col_ok, e, KD,
+                             stride_am, stride_ak, stride_we, stride_wk, stride_wn,
+                             DOT_F32, PRECISION, BLOCK_M, BLOCK_N, BLOCK_K)
     if EPILOGUE == 1:
         acc = tl.maximum(acc, 0.0)
     if EPILOGUE == 2:
-        h = tl.load(h_ptr + c_off, mask=mask, other=0.0).to(tl.float32)
+        if not EARLY_H:
+            h = tl.load(h_ptr + c_off, mask=mask, other=0.0)
+        h = h.to(tl.float32)
         flat = tl.load(order_ptr + rows, mask=row_ok, other=0)
         g = tl.load(gate_ptr + flat, mask=row_ok, other=0.0).to(tl.float32)
         # d gate = <d(gate*h)_r, h_r> over this column tile, stored at the row's flat index
@@ -151,7 +160,10 @@ def gather_mm_kernel(
         tl.store(gpart_ptr + pid_n * stride_gpart + flat, tl.sum(acc * h, 1), mask=row_ok)
         # h > 0 is the ReLU mask (and the dropout mask, when h was dropped out)
         acc = tl.where(h > 0, acc * g[:, None], 0.0)
-    tl.store(c_ptr + c_off, acc.to(c_ptr.dtype.element_ty), mask=mask)
+        tl.store(c_ptr + c_off, acc.to(c_ptr.dtype.element_ty), mask=mask)
+        tl.store(gh_ptr + c_off, (h * g[:, None]).to(gh_ptr.dtype.element_ty), mask=mask)
+    else:
+        tl.store(c_ptr + c_off, acc.to(c_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -162,8 +174,12 @@ def scatter_mm_kernel(
     HAS_SCALE: tl.constexpr, ACCUMULATE: tl.constexpr, DOT_F32: tl.constexpr,
     PRECISION: tl.constexpr, SEG_P2: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    EARLY_Y: tl.constexpr = False,
 ):
-    """Y[tok[r], :] (+)= scale[order[r]] * (A[r, :] @ W[e_r]) for the rows r of one slot."""
+    """Y[tok[r], :] (+)= scale[order[r]] * (A[r, :] @ W[e_r]) for the rows r of one slot.
+
+    EARLY_Y (an autotuned choice): read the earlier slots' sums before the product, so the
+    read overlaps it, at the cost of registers (fewer programs per SM)."""
     pid = tl.program_id(0)
     n_tiles_n = tl.cdiv(N, BLOCK_N)
     pid_n = pid % n_tiles_n
@@ -176,30 +192,37 @@ def scatter_mm_kernel(
     row_ok = rows < row_end
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < N
+    out_rows = tl.load(tok_ptr + rows, mask=row_ok, other=0).to(tl.int64)
+    y_ptrs = y_ptr + out_rows[:, None] * stride_ym + cols[None, :] * stride_yn
+    mask = row_ok[:, None] & col_ok[None, :]
+    # slots before this one already wrote these tokens; no other program of this one does
+    if ACCUMULATE and EARLY_Y:
+        y_old = tl.load(y_ptrs, mask=mask, other=0.0)
+    if HAS_SCALE:
+        flat = tl.load(order_ptr + rows, mask=row_ok, other=0)
+        scale = tl.load(scale_ptr + flat, mask=row_ok, other=0.0).to(tl.float32)
     acc = _rows_times_expert(a_ptr, w_ptr, rows.to(tl.int64), row_ok, cols, col_ok, e, KD,
                              stride_am, stride_ak, stride_we, stride_wk, stride_wn,
                              DOT_F32, PRECISION, BLOCK_M, BLOCK_N, BLOCK_K)
     if HAS_SCALE:
-        flat = tl.load(order_ptr + rows, mask=row_ok, other=0)
-        acc = acc * tl.load(scale_ptr + flat, mask=row_ok, other=0.0).to(tl.float32)[:, None]
-    out_rows = tl.load(tok_ptr + rows, mask=row_ok, other=0).to(tl.int64)
-    y_ptrs = y_ptr + out_rows[:, None] * stride_ym + cols[None, :] * stride_yn
-    mask = row_ok[:, None] & col_ok[None, :]
-    if ACCUMULATE:  # slots before this one already wrote these tokens; no other program does
-        acc += tl.load(y_ptrs, mask=mask, other=0.0).to(tl.float32)
+        acc = acc * scale[:, None]
+    if ACCUMULATE:
+        if not EARLY_Y:
+            y_old = tl.load(y_ptrs, mask=mask, other=0.0)
+        acc += y_old.to(tl.float32)
     tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
 def wgrad_kernel(
-    a_ptr, b_ptr, dw_ptr, tok_ptr, off_ptr, scale_ptr, order_ptr,
+    a_ptr, b_ptr, dw_ptr, tok_ptr, off_ptr,
     n_slots, M, N,
     stride_am, stride_ak, stride_bm, stride_bn, stride_we, stride_wm, stride_wn,
-    GATHER_A: tl.constexpr, GATHER_B: tl.constexpr, HAS_SCALE: tl.constexpr,
+    GATHER_A: tl.constexpr, GATHER_B: tl.constexpr,
     DOT_F32: tl.constexpr, PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    """dW[e, m, n] = sum over rows r of expert e of scale_r * A[ia_r, m] * B[ib_r, n].
+    """dW[e, m, n] = sum over rows r of expert e of A[ia_r, m] * B[ib_r, n].
 
     Rows are walked in sorted order by the one program that owns the output tile, so the
     sum has a fixed order. An expert with no rows gets an exact zero.
@@ -231,12 +254,6 @@ def wgrad_kernel(
                      mask=m_ok[:, None] & r_ok[None, :], other=0.0)  # [BLOCK_M, BLOCK_K]
         b = tl.load(b_ptr + rb[:, None] * stride_bm + ns[None, :] * stride_bn,
                     mask=r_ok[:, None] & n_ok[None, :], other=0.0)  # [BLOCK_K, BLOCK_N]
-        if HAS_SCALE:
-            flat = tl.load(order_ptr + rows, mask=r_ok, other=0)
-            s = tl.load(scale_ptr + flat, mask=r_ok, other=0.0).to(tl.float32)
-            at = at.to(tl.float32) * s[None, :]
-            if not DOT_F32:
-                at = at.to(b.dtype)  # back to 16 bits for the tensor cores, like gate*h
         if DOT_F32:
             at = at.to(tl.float32)
             b = b.to(tl.float32)

@@ -60,27 +60,45 @@ def interpreter_problem(triton_version: str = triton.__version__,
     return None
 
 
-def _cfg(bm, bn, bk, warps, stages):
-    return triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk},
+def _cfg(bm, bn, bk, warps, stages, **more):
+    return triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, **more},
                          num_warps=warps, num_stages=stages)
 
 
 # rows x columns x reduction; G = 64..512 and d_model = 256..4096 are the shapes that matter.
 # Few configs: each is compiled for every kernel variant the first time it runs.
+# gather (up-projection, d pre-ReLU): N = G is narrow, the reduction d_model long
 MM_CONFIGS = [
     _cfg(128, 128, 64, 8, 4), _cfg(128, 128, 32, 4, 4), _cfg(128, 64, 64, 4, 4),
     _cfg(64, 128, 64, 4, 4), _cfg(128, 256, 64, 8, 3), _cfg(64, 64, 64, 4, 3),
+    _cfg(256, 128, 64, 8, 3),
 ]
-# output tile (M x N of one expert's dW) x rows walked per step
+# scatter (down-projection, dx): N = d_model is wide, the reduction G short (2-4 steps), and
+# every tile also reads and writes its output rows (the earlier slots' sums): few stages and
+# small tiles leave room for more programs per SM, whose reads overlap each other; EARLY_Y
+# reads the sums before the product (H200, first measurements: 128x128x32 / 4 warps / 4
+# stages took 71 us a slot, 2.3x its memory time; 128x128x64 / 8 / 3 with EARLY_Y 79 us)
+SCATTER_CONFIGS = [
+    _cfg(128, 128, 32, 4, 4), _cfg(128, 128, 64, 8, 3, EARLY_Y=True),
+    _cfg(64, 128, 64, 4, 2), _cfg(64, 128, 64, 4, 2, EARLY_Y=True),
+    _cfg(128, 64, 64, 4, 2), _cfg(128, 64, 64, 4, 2, EARLY_Y=True),
+    _cfg(128, 128, 64, 8, 2), _cfg(64, 256, 64, 8, 2, EARLY_Y=True),
+]
+# output tile (M x N of one expert's dW) x rows walked per step; larger tiles read fewer
+# bytes per product from L2 (H200, first measurement: 128 x 128 reached a third of peak)
 WGRAD_CONFIGS = [
     _cfg(128, 128, 64, 8, 4), _cfg(128, 128, 32, 4, 4), _cfg(64, 128, 64, 4, 4),
-    _cfg(128, 64, 64, 4, 4),
+    _cfg(128, 64, 64, 4, 4), _cfg(128, 256, 64, 8, 3), _cfg(256, 128, 64, 8, 3),
 ]
+AUTOTUNED_CONFIGS = {"gather_mm_kernel": MM_CONFIGS, "scatter_mm_kernel": SCATTER_CONFIGS,
+                     "wgrad_kernel": WGRAD_CONFIGS}
 # the smallest tiles, for GPUs where no config above fits (e.g. fp32 with 64 KB per block)
 SMALL_CONFIG = _cfg(64, 64, 32, 4, 2)
 # fp32 without TF32 (torch's default) runs on FMA units, not tensor cores: every larger
-# tile needs over 255 registers per thread on sm_90 and spills (ptxas, Triton 3.7.1)
-IEEE_CONFIGS = [_cfg(64, 64, 64, 4, 3), SMALL_CONFIG]
+# tile needs over 255 registers per thread on sm_90 and spills (ptxas, Triton 3.7.1); so do
+# 64x64x64 with 4 warps (the backward gather epilogue) and with 8 warps and 3 stages (the
+# accumulating scatter): `python -m kernels.triton_aot fp32-ieee --all-configs --spills`
+IEEE_CONFIGS = [_cfg(64, 64, 64, 8, 4), _cfg(64, 64, 64, 8, 2), SMALL_CONFIG]
 # SIGMA_MOE_TRITON_AUTOTUNE=0: the first config that fits, no timing trials of the others
 # (tests/conftest.py: the GPU tests compile one config per kernel variant, not six; the
 # disk cache keys on the config list, so benchmarks and training still tune in full)
@@ -148,14 +166,16 @@ else:
     _gather_mm = _autotune(MM_CONFIGS, ["N", "KD", "EPILOGUE", "PRECISION"], _prune_to_smem,
                            reset_to_zero=["gpart_ptr"])(gather_mm_kernel)
     # the slot kernel reads what it writes: every timing trial must start from the same Y
-    _scatter_mm = _autotune(MM_CONFIGS, ["N", "KD", "HAS_SCALE", "PRECISION"], _prune_to_smem,
+    _scatter_mm = _autotune(SCATTER_CONFIGS, ["N", "KD", "HAS_SCALE", "ACCUMULATE", "PRECISION"],
+                            _prune_to_smem,
                             restore_value=["y_ptr"])(scatter_mm_kernel)
-    _wgrad = _autotune(WGRAD_CONFIGS, ["M", "N", "GATHER_A", "GATHER_B", "HAS_SCALE", "PRECISION"],
+    _wgrad = _autotune(WGRAD_CONFIGS, ["M", "N", "GATHER_A", "GATHER_B", "PRECISION"],
                        _prune_wgrad_to_smem)(wgrad_kernel)
 
 
-def _blocks() -> dict:
-    return dict(_INTERPRET_BLOCKS) if INTERPRET else {}
+def _blocks(**interpret_only) -> dict:
+    """The block sizes under the interpreter (on a GPU the autotuner sets them)."""
+    return {**_INTERPRET_BLOCKS, **interpret_only} if INTERPRET else {}
 
 
 def tf32_allowed(matmul=None, backends=None) -> bool:
@@ -206,15 +226,17 @@ def _on_tensor_device(launch):
 
 @_on_tensor_device
 def gather_mm(a, w_EKN, tok_R, off_S, epilogue=EPI_NONE, h=None, gate=None, order_R=None):
-    """C[r] = epi(A[tok[r]] @ W[e_r]) -> C [R, N] (and d gate partials)."""
+    """C[r] = epi(A[tok[r]] @ W[e_r]) -> C [R, N]; EPI_GATE_RELU_BWD: -> (C, d gate partials
+    [N / 64, R], gate*h [R, N])."""
     E, KD, N = w_EKN.shape
     R = tok_R.numel()
     c = torch.empty(R, N, dtype=a.dtype, device=a.device)
-    gpart = None
+    gpart = gh = None
     if epilogue == EPI_GATE_RELU_BWD:
         assert h is not None and h.stride() == c.stride(), "h must be a contiguous [R, N]"
         gpart = torch.zeros(triton.cdiv(N, _MIN_BLOCK_N), R, dtype=torch.float32,
                             device=a.device)
+        gh = torch.empty_like(c)
     dummy = c  # pointer arguments the chosen epilogue never reads
     grid = lambda META: (  # noqa: E731
         (triton.cdiv(R, META["BLOCK_M"]) + off_S.numel() - 1) * triton.cdiv(N, META["BLOCK_N"]),)
@@ -222,12 +244,13 @@ def gather_mm(a, w_EKN, tok_R, off_S, epilogue=EPI_NONE, h=None, gate=None, orde
         a, w_EKN, c, tok_R, off_S,
         h if h is not None else dummy, gate if gate is not None else dummy,
         order_R if order_R is not None else tok_R, gpart if gpart is not None else dummy,
+        gh if gh is not None else dummy,
         E, _n_slots(off_S, E), N, KD, R,
         a.stride(0), a.stride(1), *w_EKN.stride(), c.stride(0), c.stride(1),
         EPILOGUE=epilogue, SEG_P2=_seg_p2(off_S.numel() - 1),
         **_dot_args(a.dtype), **_blocks(),
     )
-    return c if gpart is None else (c, gpart)
+    return c if gpart is None else (c, gpart, gh)
 
 
 @_on_tensor_device
@@ -249,24 +272,24 @@ def scatter_mm(a_RK, w_EKN, tok_R, off_S, n_tokens, scale=None, order_R=None):
             E, K, slot, N, KD,
             a_RK.stride(0), a_RK.stride(1), *w_EKN.stride(), y.stride(0), y.stride(1),
             HAS_SCALE=scale is not None, ACCUMULATE=slot > 0, SEG_P2=_seg_p2(E),
-            **_dot_args(a_RK.dtype), **_blocks(),
+            # the interpreter runs both ways of reading the earlier sums (odd / even slots)
+            **_dot_args(a_RK.dtype), **_blocks(EARLY_Y=slot % 2 == 1),
         )
     return y
 
 
 @_on_tensor_device
-def wgrad(a, b, tok_R, off_S, n_exp, gather_a, gather_b, scale=None, order_R=None, dtype=None):
-    """dW[e] = sum_{r of e} (scale_r A[ia_r])^T B[ib_r] -> dW [E, a.shape[1], b.shape[1]]."""
+def wgrad(a, b, tok_R, off_S, n_exp, gather_a, gather_b, dtype=None):
+    """dW[e] = sum_{r of e} A[ia_r]^T B[ib_r] -> dW [E, a.shape[1], b.shape[1]]."""
     M, N = a.shape[1], b.shape[1]
     dw = torch.empty(n_exp, M, N, dtype=dtype or a.dtype, device=a.device)
     grid = lambda META: (  # noqa: E731
         triton.cdiv(M, META["BLOCK_M"]) * triton.cdiv(N, META["BLOCK_N"]), n_exp)
     _wgrad[grid](
         a, b, dw, tok_R, off_S,
-        scale if scale is not None else dw, order_R if order_R is not None else tok_R,
         _n_slots(off_S, n_exp), M, N,
         a.stride(0), a.stride(1), b.stride(0), b.stride(1), *dw.stride(),
-        GATHER_A=gather_a, GATHER_B=gather_b, HAS_SCALE=scale is not None,
+        GATHER_A=gather_a, GATHER_B=gather_b,
         **_dot_args(a.dtype), **_blocks(),
     )
     return dw

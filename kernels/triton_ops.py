@@ -8,8 +8,9 @@ Unfused (the paper's CVMM as a standalone op; ReLU, dropout and gate in PyTorch 
 
 Fused sigma-MoE expert path (dropout cannot be fused: the dispatcher uses the unfused one):
     sigma_moe::fused_fwd     h_RG = relu(x[tok] W1);  y_TD = sum_k gate * h W2   (2 kernels)
-    sigma_moe::fused_bwd     d(gate*h) -> d pre-ReLU and d gate in one epilogue, dW2, dW1,
-                             dx (slot-ordered scatter): 4 kernels + K-1 slot launches
+    sigma_moe::fused_bwd     d(gate*h) -> d pre-ReLU, d gate and gate*h in one epilogue,
+                             dW2, dW1, dx (slot-ordered scatter): 4 kernels + K-1 slot
+                             launches
   Saved for the backward: x, gate, h_RG (R x G) and the routing -- never the T*K*D output.
 
 Each op has a fake impl (shapes only) and registered autograd, so `torch.compile` traces
@@ -128,12 +129,13 @@ def fused_bwd(gy_TD: Tensor, x_TD: Tensor, gate_TK: Tensor, w1_EDG: Tensor, w2_E
     E = w1_EDG.shape[0]
     T, K = gate_TK.shape
     gate_flat = gate_TK.reshape(-1)
-    # d(gate*h) = gy[tok] W2^T, then in the epilogue: d gate and d pre-ReLU = gate*d(gate*h)*[h>0]
-    gpre_RG, gpart = launch.gather_mm(gy_TD, w2_EGD.transpose(1, 2), tok_R, off_S,
-                                      EPI_GATE_RELU_BWD, h=h_RG, gate=gate_flat,
-                                      order_R=order_R)
-    gw2 = launch.wgrad(h_RG, gy_TD, tok_R, off_S, E, gather_a=False, gather_b=True,
-                       scale=gate_flat, order_R=order_R, dtype=w2_EGD.dtype)
+    # d(gate*h) = gy[tok] W2^T, then in the epilogue: d gate, d pre-ReLU = gate*d(gate*h)*[h>0]
+    # and gate*h, the down-projection's input (its weight gradient needs no per-row scale)
+    gpre_RG, gpart, gh_RG = launch.gather_mm(gy_TD, w2_EGD.transpose(1, 2), tok_R, off_S,
+                                             EPI_GATE_RELU_BWD, h=h_RG, gate=gate_flat,
+                                             order_R=order_R)
+    gw2 = launch.wgrad(gh_RG, gy_TD, tok_R, off_S, E, gather_a=False, gather_b=True,
+                       dtype=w2_EGD.dtype)
     gw1 = launch.wgrad(x_TD, gpre_RG, tok_R, off_S, E, gather_a=True, gather_b=False,
                        dtype=w1_EDG.dtype)
     gx_TD = launch.scatter_mm(gpre_RG, w1_EDG.transpose(1, 2), tok_R, off_S, T)

@@ -48,6 +48,22 @@ def time_all(fns: dict, device: str, warmup: int, reps: int) -> dict[str, list[f
     return out
 
 
+def kernel_table(prof, reps: int) -> list[dict]:
+    """GPU kernels of a torch.profiler run of `reps` repetitions, slowest first: name, calls
+    and microseconds per repetition, share of the GPU time."""
+    rows = []
+    for evt in prof.key_averages():
+        us = getattr(evt, "self_device_time_total", None)
+        if us is None:  # torch < 2.4
+            us = evt.self_cuda_time_total
+        if us > 0:
+            rows.append({"kernel": evt.key, "calls": evt.count / reps, "us": us / reps})
+    total = sum(r["us"] for r in rows) or 1.0
+    for r in rows:
+        r["share"] = r["us"] / total
+    return sorted(rows, key=lambda r: -r["us"])
+
+
 def paired_ratio(ms: list[float], dense_ms: list[float]) -> tuple[float, list[float]]:
     """-> (median, [first quartile, third quartile]) of the per-round ratios ms / dense_ms."""
     ratios = [a / b for a, b in zip(ms, dense_ms, strict=True)]

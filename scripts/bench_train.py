@@ -33,6 +33,7 @@ from models.transformer_xl import TransformerXL, TransformerXLConfig, n_params  
 from scripts.bench_common import (  # noqa: E402
     DTYPES,
     device_slug,
+    kernel_table,
     out_path,
     paired_ratio,
     parse_with_defaults,
@@ -85,7 +86,7 @@ def make_step(model, ctx, batch, vocab, device, dtype):
     return step
 
 
-def bench_shape(shape, device, dtype, warmup, reps, batch=None) -> dict:
+def bench_shape(shape, device, dtype, warmup, reps, batch=None, profile=0) -> dict:
     """`bench_batch` at the shape's batch (or `batch`); on a GPU that cannot hold a step of
     it, at half the batch, and so on (a WT-B step at the paper's 64 x 512 tokens keeps
     roughly 60-100 GB of activations, estimated on a CPU). Both twins always run the same
@@ -93,7 +94,7 @@ def bench_shape(shape, device, dtype, warmup, reps, batch=None) -> dict:
     batch = batch or SHAPES[shape][5]
     while True:
         try:
-            return bench_batch(shape, device, dtype, warmup, reps, batch)
+            return bench_batch(shape, device, dtype, warmup, reps, batch, profile)
         except torch.cuda.OutOfMemoryError:
             if batch == 1:
                 raise
@@ -103,10 +104,11 @@ def bench_shape(shape, device, dtype, warmup, reps, batch=None) -> dict:
         batch //= 2
 
 
-def bench_batch(shape, device, dtype, warmup, reps, batch) -> dict:
+def bench_batch(shape, device, dtype, warmup, reps, batch, profile=0) -> dict:
     """Both twins of one shape: warm-up (and peak memory) one model at a time, then `reps`
     rounds of one dense step and one sigma-MoE step, so that a drift of the machine's speed
-    hits both alike; the ratio is the median of the per-round ratios."""
+    hits both alike; the ratio is the median of the per-round ratios. `profile` > 0: then
+    one profiled step per model, its `profile` slowest GPU kernels printed and kept."""
     row, steps = {"batch": batch}, {}
     if device.type == "cuda":  # cuBLAS's workspaces, allocated by the first product, stay:
         with torch.autocast("cuda", dtype=dtype, enabled=dtype != torch.float32):  # in both
@@ -138,11 +140,23 @@ def bench_batch(shape, device, dtype, warmup, reps, batch) -> dict:
         r["tokens_per_s"] = r.pop("tokens") / r["ms"] * 1000
     row["moe_over_dense_time"], row["moe_over_dense_quartiles"] = paired_ratio(
         row["sigma_moe"]["ms_all"], row["dense"]["ms_all"])
+    if profile and device.type == "cuda":
+        for kind in steps:
+            with torch.profiler.profile(
+                    activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+                steps[kind]()
+            rows = kernel_table(prof, 1)
+            row[kind]["kernels"] = rows[:profile]
+            print(f"{shape} {kind}: {sum(r['us'] for r in rows) / 1e3:.1f} ms of GPU kernels "
+                  "in one step; the slowest:")
+            for r in rows[:profile]:
+                print(f"  {r['us'] / 1e3:8.2f} ms {100 * r['share']:5.1f}% {r['calls']:5.0f}x  "
+                      f"{r['kernel'][:100]}")
     return row
 
 
 # flags that change neither the timings nor what is timed
-NOT_RESULTS = {"device", "out"}
+NOT_RESULTS = {"device", "out", "profile"}
 
 
 def parse_args(argv=None) -> tuple[argparse.Namespace, list[str]]:
@@ -158,6 +172,9 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, list[str]]:
     ap.add_argument("--batch", type=int,
                     help="sequences per step for every shape (default: the paper's, halved "
                          "until a step fits the GPU)")
+    ap.add_argument("--profile", type=int, default=0, metavar="N",
+                    help="GPU: after timing, profile one step per model and print its N "
+                         "slowest kernels (where the step's time goes)")
     ap.add_argument("--out", type=Path,
                     help="JSON path; default benchmarks/train_<device name>.json for the "
                          "device's defaults, else runs/bench/train_<device name>.json")
@@ -181,7 +198,8 @@ def main(argv=None) -> dict:
            "threads": torch.get_num_threads(), "results": {}}
     print(f"{'shape':10} {'ffn':10} {'params':>8} {'ms/step':>9} {'tok/s':>9} {'peak MB':>9}")
     for shape in args.shapes:
-        row = bench_shape(shape, device, dtype, args.warmup, args.reps, args.batch)
+        row = bench_shape(shape, device, dtype, args.warmup, args.reps, args.batch,
+                          args.profile)
         for kind in ("dense", "sigma_moe"):
             r = row[kind]
             peak = f"{r['peak_mb']:.0f}" if r["peak_mb"] is not None else "-"

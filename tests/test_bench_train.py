@@ -52,11 +52,11 @@ def test_bench_train_halves_the_batch_when_a_step_does_not_fit(monkeypatch, tmp_
     measure, tried = bench_train.bench_batch, []
 
     def gpu_of(max_batch):
-        def bench_batch(shape, device, dtype, warmup, reps, batch):
+        def bench_batch(shape, device, dtype, warmup, reps, batch, profile=0):
             tried.append(batch)
             if batch > max_batch:
                 raise torch.cuda.OutOfMemoryError("CUDA out of memory (simulated)")
-            return measure(shape, device, dtype, warmup, reps, batch)
+            return measure(shape, device, dtype, warmup, reps, batch, profile)
         return bench_batch
 
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)

@@ -246,15 +246,21 @@ def test_smem_estimate_is_what_triton_allocates():
     """fitting_configs' estimate is the shared memory of every compiled fp32 config of the
     gather and scatter kernels (sm_90) and bounds the wgrad kernel's, so the pruning drops
     exactly the configs that cannot run on an H100."""
-    from kernels.triton_launch import H100_SMEM, MM_CONFIGS, WGRAD_CONFIGS, fitting_configs
+    from kernels.triton_launch import (
+        H100_SMEM,
+        MM_CONFIGS,
+        SCATTER_CONFIGS,
+        WGRAD_CONFIGS,
+        fitting_configs,
+    )
 
     reports = _compile_for_hopper("fp32", "--all-configs")
     by_kernel = {k: [r for r in reports if r["kernel"] == k]
                  for k in ("gather_mm_kernel", "scatter_mm_kernel", "wgrad_kernel")}
     gather, wgrad = by_kernel["gather_mm_kernel"], by_kernel["wgrad_kernel"]
     # two variants each x (the autotune configs + the small one)
-    assert [len(r) for r in by_kernel.values()] == [2 * (len(MM_CONFIGS) + 1)] * 2 + [
-        2 * (len(WGRAD_CONFIGS) + 1)]
+    assert [len(r) for r in by_kernel.values()] == [
+        2 * (len(c) + 1) for c in (MM_CONFIGS, SCATTER_CONFIGS, WGRAD_CONFIGS)]
     assert all(r["shared_bytes"] == r["estimate"]
                for r in gather + by_kernel["scatter_mm_kernel"]), reports
     assert all(r["shared_bytes"] <= r["estimate"] for r in wgrad), wgrad
@@ -263,9 +269,9 @@ def test_smem_estimate_is_what_triton_allocates():
     assert all(r["estimate"] - r["shared_bytes"] <= 1024 for r in wgrad if r["variant"]["GATHER_A"])
     too_big = {tuple(r["variant"][b] for b in ("BLOCK_M", "BLOCK_N", "BLOCK_K"))
                for r in gather if r["shared_bytes"] > H100_SMEM}
-    assert len(too_big) == 2  # 128x128x64 (4 stages) and 128x256x64 (3 stages)
+    assert len(too_big) == 3  # 128x128x64 (4 stages), 128x256x64 and 256x128x64 (3 stages)
     kept = fitting_configs(MM_CONFIGS, H100_SMEM, 4)
-    assert len(kept) == len(MM_CONFIGS) - 2
+    assert len(kept) == len(MM_CONFIGS) - 3
     assert not {tuple(c.kwargs.values()) for c in kept} & too_big
     assert fitting_configs(WGRAD_CONFIGS, H100_SMEM, 4, wgrad=True) == WGRAD_CONFIGS
 

@@ -1,0 +1,141 @@
+"""Where the time of one MoE layer's forward+backward goes: GPU time per kernel.
+
+The layer of scripts/bench_moe.py (sigma-MoE selection + `kernels.moe_mlp`, paper Eq.
+`moe_out`) at one shape, run under torch.profiler after warm-up; per backend, a table of
+the kernels (calls and microseconds per forward+backward, share of the GPU time), the
+wall time of the eager call, the CPU time to issue it and the time of a CUDA-graph replay
+(where the eager layer waits on Python launches rather than the GPU, the first two are
+close and the third is far lower), and the block sizes the Triton autotuner chose. This
+says which kernel (or the host) to work on; bench_moe.py says whether the layer meets its
+targets.
+
+    python scripts/profile_moe.py                       # issue 4's target case, bf16
+    python scripts/profile_moe.py --d-model 512 --backends triton grouped_mm
+
+Needs torch (+ triton) and a CUDA device; no Hydra. JSON to runs/bench/ (or --out).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from scripts.bench_common import DTYPES, ROOT, device_slug, kernel_table, sync  # noqa: E402
+from scripts.bench_moe import BACKENDS, GPU_TARGET, make_layers  # noqa: E402
+
+
+def host_and_graph_ms(fn, reps: int) -> dict[str, float | None]:
+    """Three times of one forward+backward: `wall_ms` (CUDA events around the eager call),
+    `host_ms` (the CPU time to issue it, GPU kept busy; when it is near wall_ms the eager
+    layer waits on Python, not on the GPU) and `graph_ms` (a CUDA graph replay of it: the
+    GPU time alone; None where the layer cannot be captured, e.g. a host sync)."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    sync("cuda")
+    start.record()
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    host = (time.perf_counter() - t0) / reps * 1e3
+    end.record()
+    end.synchronize()
+    out = {"wall_ms": start.elapsed_time(end) / reps, "host_ms": host, "graph_ms": None}
+    try:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # autograd warms up its streams off the capture
+            fn()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn()
+        graph.replay()
+        sync("cuda")
+        start.record()
+        for _ in range(reps):
+            graph.replay()
+        end.record()
+        end.synchronize()
+        out["graph_ms"] = start.elapsed_time(end) / reps
+        del graph
+    except RuntimeError as err:  # e.g. "operation not permitted when stream is capturing"
+        out["graph_error"] = str(err).splitlines()[0][:200]
+    return out
+
+
+def autotuned() -> dict[str, dict[str, str]]:
+    """The block sizes each Triton autotuner chose, by its key (shapes, dtypes, variant)."""
+    try:
+        from kernels import triton_launch
+    except ImportError:
+        return {}
+    out = {}
+    for name in ("_gather_mm", "_scatter_mm", "_wgrad"):
+        tuner = getattr(triton_launch, name)
+        out[name] = {str(k): str(v) for k, v in getattr(tuner, "cache", {}).items()}
+    return out
+
+
+def main(argv=None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--d-model", type=int, default=GPU_TARGET["d_model"])
+    p.add_argument("--n-experts", type=int, default=GPU_TARGET["n_experts"])
+    p.add_argument("--expert-size", type=int, default=GPU_TARGET["expert_size"])
+    p.add_argument("--k", type=int, default=GPU_TARGET["k"])
+    p.add_argument("--tokens", type=int, default=GPU_TARGET["tokens"])
+    p.add_argument("--d-ff", type=int, help="the dense MLP's (default N_E * G)")
+    p.add_argument("--dtype", choices=list(DTYPES), default="bf16")
+    p.add_argument("--backends", nargs="+", choices=BACKENDS,
+                   default=["triton", "triton_unfused", "grouped_mm"])
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--top", type=int, default=12, help="kernels printed per layer")
+    p.add_argument("--out", type=Path, help="JSON path (default runs/bench/profile_<gpu>.json)")
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        sys.exit("error: profile_moe.py profiles GPU kernels and needs a CUDA device "
+                 "(on a CPU, time the layers with scripts/bench_moe.py --device cpu)")
+    c = {"d_model": args.d_model, "n_experts": args.n_experts,
+         "expert_size": args.expert_size, "d_ff": args.d_ff or args.n_experts * args.expert_size}
+    layers = make_layers(c, args.tokens, args.k, "cuda", DTYPES[args.dtype], args.backends)
+    name = torch.cuda.get_device_name()
+    out = {"device": name, "torch": torch.__version__, "dtype": args.dtype, "case": c,
+           "tokens": args.tokens, "k": args.k, "layers": {}}
+    for layer, fn in layers.items():
+        for _ in range(args.warmup):  # autotuning and compiles stay out of the profile
+            fn()
+        sync("cuda")
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(args.reps):
+                fn()
+            sync("cuda")
+        rows = kernel_table(prof, args.reps)
+        times = host_and_graph_ms(fn, max(args.reps, 10))
+        out["layers"][layer] = {"kernels": rows, **times}
+        total = sum(r["us"] for r in rows)
+        graph = "-" if times["graph_ms"] is None else f"{times['graph_ms']:.3f}"
+        print(f"{layer}: {total:.0f} us of GPU kernels per forward+backward "
+              f"({len(rows)} kernels); wall {times['wall_ms']:.3f} ms, host "
+              f"{times['host_ms']:.3f} ms, CUDA graph {graph} ms")
+        for r in rows[:args.top]:
+            print(f"  {r['us']:8.1f} us {100 * r['share']:5.1f}% {r['calls']:5.1f}x  "
+                  f"{r['kernel'][:90]}")
+    out["autotuned"] = autotuned()
+    for tuner, chosen in out["autotuned"].items():
+        for key, cfg in chosen.items():
+            print(f"autotune {tuner} {key}: {cfg}")
+    path = args.out or ROOT / "runs" / "bench" / f"profile_{device_slug(name)}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(out, indent=1) + "\n")
+    print(f"wrote {path}")
+    return out
+
+
+if __name__ == "__main__":
+    main()
