@@ -48,6 +48,21 @@ def time_all(fns: dict, device: str, warmup: int, reps: int) -> dict[str, list[f
     return out
 
 
+def cuda_graph(fn) -> torch.cuda.CUDAGraph:
+    """fn() captured as a CUDA graph (replay() reruns its kernels with no Python or launch
+    cost: the GPU time alone). fn runs once on a side stream first, as capture requires of
+    autograd. RuntimeError where fn cannot be captured (a host sync, e.g. .tolist())."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph
+
+
 def kernel_table(prof, reps: int) -> list[dict]:
     """GPU kernels of a torch.profiler run of `reps` repetitions, slowest first: name, calls
     and microseconds per repetition, share of the GPU time."""

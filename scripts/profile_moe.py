@@ -27,15 +27,22 @@ from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from scripts.bench_common import DTYPES, ROOT, device_slug, kernel_table, sync  # noqa: E402
-from scripts.bench_moe import BACKENDS, GPU_TARGET, make_layers  # noqa: E402
+from scripts.bench_common import (  # noqa: E402
+    DTYPES,
+    ROOT,
+    cuda_graph,
+    device_slug,
+    kernel_table,
+    sync,
+)
+from scripts.bench_moe import BACKENDS, GPU_TARGET, GRAPHABLE, make_layers  # noqa: E402
 
 
-def host_and_graph_ms(fn, reps: int) -> dict[str, float | None]:
+def host_and_graph_ms(layer_name: str, fn, reps: int) -> dict[str, float | None]:
     """Three times of one forward+backward: `wall_ms` (CUDA events around the eager call),
     `host_ms` (the CPU time to issue it, GPU kept busy; when it is near wall_ms the eager
     layer waits on Python, not on the GPU) and `graph_ms` (a CUDA graph replay of it: the
-    GPU time alone; None where the layer cannot be captured, e.g. a host sync)."""
+    GPU time alone; None for the layers that sync with the host: bench_moe.GRAPHABLE)."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     sync("cuda")
     start.record()
@@ -46,15 +53,10 @@ def host_and_graph_ms(fn, reps: int) -> dict[str, float | None]:
     end.record()
     end.synchronize()
     out = {"wall_ms": start.elapsed_time(end) / reps, "host_ms": host, "graph_ms": None}
+    if layer_name not in GRAPHABLE:
+        return out
     try:
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):  # autograd warms up its streams off the capture
-            fn()
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            fn()
+        graph = cuda_graph(fn)
         graph.replay()
         sync("cuda")
         start.record()
@@ -116,7 +118,7 @@ def main(argv=None) -> dict:
                 fn()
             sync("cuda")
         rows = kernel_table(prof, args.reps)
-        times = host_and_graph_ms(fn, max(args.reps, 10))
+        times = host_and_graph_ms(layer, fn, max(args.reps, 10))
         out["layers"][layer] = {"kernels": rows, **times}
         total = sum(r["us"] for r in rows)
         graph = "-" if times["graph_ms"] is None else f"{times['graph_ms']:.3f}"
