@@ -6,8 +6,10 @@
 
 Time and memory of a forward-backward pass of one MLP / MoE layer against d_model, N_E or
 G: full lines are time (left axis, ms), dashed lines memory (right axis, MB), one colour per
-variant (the dense MLP and each MoE backend), as in the paper. One figure per sweep, PNG and
-PDF: `bench_<sweep>.{png,pdf}` (default: beside the JSON file).
+variant (the dense MLP and each MoE backend), as in the paper; dotted lines, where the JSON
+has them (bench_moe.py on a GPU), the time of CUDA-graph replays: the GPU time alone, without
+the host's launch costs that flatten the eager curves of the MoE layers. One figure per
+sweep, PNG and PDF: `bench_<sweep>.{png,pdf}` (default: beside the JSON file).
 
 Input, either of:
 * the JSON of scripts/bench_moe.py: `{"device", "dtype", "sweeps": {sweep: [{"d_model",
@@ -40,7 +42,8 @@ SWEEPS = {
 }
 SHAPE = {"d_model": "d_model", "n_experts": "N_E", "expert_size": "G", "d_ff": "d_ff"}
 AXIS = {"d_model": "$d_{model}$", "n_experts": "$N_E$", "expert_size": "$G$ (expert size)"}
-Series = dict[str, dict[str, tuple[list[float], list[float], list[float]]]]
+# sweep -> variant -> (x, ms, MB, CUDA-graph ms or NaN)
+Series = dict[str, dict[str, tuple[list[float], list[float], list[float], list[float]]]]
 
 
 def records_of(data: Any) -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -54,7 +57,8 @@ def records_of(data: Any) -> tuple[dict[str, Any], list[dict[str, Any]]]:
                 for variant, r in case["results"].items():
                     on_cpu = r.get("peak_mb") is None
                     records.append({"sweep": sweep, "x": case[xkey], "variant": variant,
-                                    "ms": r["ms"], "mem_kind": "saved" if on_cpu else "peak",
+                                    "ms": r["ms"], "graph_ms": r.get("graph_ms"),
+                                    "mem_kind": "saved" if on_cpu else "peak",
                                     "peak_mb": r["saved_mb"] if on_cpu else r["peak_mb"],
                                     "shape": {SHAPE[k]: case[k] for k in SHAPE}})
                 meta.update(tokens=case.get("tokens"), k=case.get("k"))
@@ -71,11 +75,13 @@ def records_of(data: Any) -> tuple[dict[str, Any], list[dict[str, Any]]]:
 
 
 def series(records: list[dict[str, Any]]) -> Series:
-    """sweep -> variant -> (x, ms, MB), sorted by x."""
-    out: dict[str, dict[str, list[tuple[float, float, float]]]] = {}
+    """sweep -> variant -> (x, ms, MB, CUDA-graph ms or NaN), sorted by x."""
+    out: dict[str, dict[str, list[tuple[float, float, float, float]]]] = {}
     for rec in records:
+        graph = rec.get("graph_ms")
         out.setdefault(str(rec["sweep"]), {}).setdefault(str(rec["variant"]), []).append(
-            (float(rec["x"]), float(rec["ms"]), float(rec["peak_mb"])))
+            (float(rec["x"]), float(rec["ms"]), float(rec["peak_mb"]),
+             float("nan") if graph is None else float(graph)))
     return {sweep: {v: tuple(map(list, zip(*sorted(pts)))) for v, pts in variants.items()}
             for sweep, variants in out.items()}
 
@@ -100,11 +106,15 @@ def plot(sweep: str, variants, meta: dict[str, Any], out: Path, written: list[Pa
     xkey = SWEEPS.get(sweep, (sweep,))[0]
     fig, ax_t = plt.subplots(figsize=(5.5, 3.8))
     ax_m = ax_t.twinx()
-    for i, (variant, (x, ms, mb)) in enumerate(variants.items()):
+    graphs = False
+    for i, (variant, (x, ms, mb, graph_ms)) in enumerate(variants.items()):
         ax_t.plot(x, ms, "-o", color=f"C{i}", markersize=3, label=variant)
         ax_m.plot(x, mb, "--", color=f"C{i}")
+        if any(g == g for g in graph_ms):  # not all NaN
+            ax_t.plot(x, graph_ms, ":s", color=f"C{i}", markersize=3)
+            graphs = True
     ax_t.set_xlabel(AXIS.get(xkey, xkey))
-    ax_t.set_ylabel("time (ms), full lines")
+    ax_t.set_ylabel("time (ms), full lines" + ("; CUDA graph, dotted" if graphs else ""))
     ax_m.set_ylabel(("saved activations" if mem == "saved" else "peak memory")
                     + " (MB), dashed lines")
     ax_t.set_ylim(bottom=0)

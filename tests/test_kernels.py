@@ -25,6 +25,20 @@ from kernels.testing import (
 from kernels.torch_path import torch_bwd, torch_fwd
 
 
+@pytest.mark.parametrize("E,K,C", [(16383, 2, 1), (8192, 4, 1), (5462, 3, 2), (4, 2, 8192)])
+def test_routing_keys_at_the_int16_boundary(E, K, C):
+    """The sort keys are int16 while E*C*K <= 32767 (two radix passes on a GPU, not eight),
+    int32 above: the same routing either side, no key wrapping around (E*C*K of the cases:
+    32766, 32768, 32772, 65536)."""
+    T = 40
+    expert_TK = torch.stack([torch.randperm(E)[:K] for _ in range(T)])
+    expert_TK[0] = torch.arange(E - K, E)  # the largest keys occur
+    got = make_routing(expert_TK, E, n_chunks=C)
+    want = routing_reference(expert_TK, E, n_chunks=C)
+    for name in ("order_R", "tok_R", "off_S"):
+        assert torch.equal(getattr(got, name), getattr(want, name)), name
+
+
 @pytest.mark.parametrize("K,C", [(1, 1), (3, 1), (3, 2)])
 def test_routing_matches_loop(K, C):
     case = random_case(T=23, D=4, E=7, G=4, K=K, n_unused=2)

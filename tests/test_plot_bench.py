@@ -36,8 +36,9 @@ def test_benchmark_figures(tmp_path):
         f"bench_{s}.{ext}" for s in ("d_model", "n_experts", "expert_size")
         for ext in ("png", "pdf"))
     assert all(p.stat().st_size > 1000 for p in files)
-    x, ms, mb = plot_bench.series(records)["d_model"]["dense"]
+    x, ms, mb, graph_ms = plot_bench.series(records)["d_model"]["dense"]
     assert x == [256, 512, 1024] and ms == [256, 512, 1024] and mb == [512, 1024, 2048]
+    assert all(g != g for g in graph_ms)  # NaN: no CUDA-graph times in these records
 
     def case(d, e, g, peak):
         return {"d_model": d, "n_experts": e, "expert_size": g, "d_ff": e * g, "tokens": 64,
@@ -50,7 +51,7 @@ def test_benchmark_figures(tmp_path):
         "n_experts": [case(512, e, 128, None) for e in (8, 16)]}}
     meta, recs = plot_bench.records_of(native)
     got = plot_bench.series(recs)
-    assert got["dmodel_g128"]["torch"] == ([256, 512], [3.56, 6.12], [1024, 2048])
+    assert got["dmodel_g128"]["torch"][:3] == ([256, 512], [3.56, 6.12], [1024, 2048])
     assert got["n_experts"]["dense"][0] == [8, 16] and meta["device"] == "cpu"
     # captions give the measured shapes (the CPU sweeps are not the paper's sizes)
     assert plot_bench.caption("n_experts", recs) == "Fig. benchmark: d_model=512, G=128, d_ff=G N_E"
@@ -102,8 +103,9 @@ def test_figure_axes_series_and_labels(tmp_path, monkeypatch):
     sweep's name instead of its variable."""
     figs, close = [], plot_bench.plt.close
     monkeypatch.setattr(plot_bench.plt, "close", figs.append)  # kept open to be read
-    variants = {"dense": ([256.0, 512.0], [1.0, 2.0], [10.0, 30.0]),
-                "torch": ([256.0, 512.0], [0.5, 0.7], [5.0, 6.0])}
+    nan = [float("nan")] * 2
+    variants = {"dense": ([256.0, 512.0], [1.0, 2.0], [10.0, 30.0], nan),
+                "torch": ([256.0, 512.0], [0.5, 0.7], [5.0, 6.0], nan)}
     for mem in ("peak", "saved"):
         plot_bench.plot("dmodel_g128", variants, {}, tmp_path, [], mem)
     assert len(figs) == 2
@@ -124,3 +126,28 @@ def test_gpu_records_plot_the_peak_memory():
             "results": {"dense": {"ms": 1.0, "peak_mb": 12.5, "saved_mb": 3.0}}}
     _, (rec,) = plot_bench.records_of({"sweeps": {"n_experts": [case]}})
     assert (rec["peak_mb"], rec["mem_kind"]) == (12.5, "peak")
+
+
+def test_cuda_graph_times_are_dotted_lines_of_the_variants_colour(tmp_path, monkeypatch):
+    """bench_moe.py on a GPU also times CUDA-graph replays (the GPU time alone): drawn dotted
+    in the variant's colour, for the layers that have them (the torch path has none)."""
+    def case(d):
+        return {"d_model": d, "n_experts": 4, "expert_size": 2, "d_ff": 8, "tokens": 16,
+                "k": 1, "results": {
+                    "dense": {"ms": 2.0, "graph_ms": 1.9, "peak_mb": 9.0, "saved_mb": 1.0},
+                    "triton": {"ms": 3.0, "graph_ms": d / 1000, "peak_mb": 3.0,
+                               "saved_mb": 1.0},
+                    "torch": {"ms": 9.0, "peak_mb": 3.0, "saved_mb": 1.0}}}
+
+    _, recs = plot_bench.records_of({"sweeps": {"dmodel_g128": [case(512), case(256)]}})
+    variants = plot_bench.series(recs)["dmodel_g128"]
+    assert variants["triton"][3] == [0.256, 0.512]
+    figs, close = [], plot_bench.plt.close
+    monkeypatch.setattr(plot_bench.plt, "close", figs.append)
+    plot_bench.plot("dmodel_g128", variants, {}, tmp_path, [])
+    ax_t = figs[0].axes[0]
+    dotted = [line for line in ax_t.get_lines() if line.get_linestyle() == ":"]
+    assert [list(line.get_ydata()) for line in dotted] == [[1.9, 1.9], [0.256, 0.512]]
+    assert [line.get_color() for line in dotted] == ["C0", "C1"]
+    assert ax_t.get_ylabel() == "time (ms), full lines; CUDA graph, dotted"
+    close(figs[0])
