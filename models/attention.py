@@ -77,14 +77,18 @@ class RelativeAttention(nn.Module):
         dist_L = torch.arange(L - 1, -1, -1, device=h_BTD.device)
         r_LD = sinusoid_encoding(dist_L, cfg.d_model).to(h_BTD.dtype)
         r_HLC = self.pos(r_LD).view(L, H, C).transpose(0, 1)
-        bd_BHTL = torch.einsum("bthc,hlc->bhtl", q_BTHC + self.v_HC, r_HLC)
+        # u, v and the scale in the activations' dtype: under autocast, fp32 parameters would
+        # promote q (+u) and, through it, the [B, H, T, L] bias to fp32, which SDPA's autocast
+        # then casts back: two full copies of the largest tensor of the layer, each way
+        u_HC, v_HC, scale = (p.to(q_BTHC.dtype) for p in (self.u_HC, self.v_HC, self.scale))
+        bd_BHTL = torch.einsum("bthc,hlc->bhtl", q_BTHC + v_HC, r_HLC)
         bd_BHTL = rel_shift(bd_BHTL)
         # Key j is visible to query i iff j <= M + i: all memory plus the causal past.
         future_TL = torch.ones(T, L, dtype=torch.bool, device=h_BTD.device).triu(M + 1)
-        bias_BHTL = (self.scale * bd_BHTL).masked_fill(future_TL, float("-inf"))
+        bias_BHTL = (scale * bd_BHTL).masked_fill(future_TL, float("-inf"))
         # scale * [(q+u).k + bd]: fold the learnable scale into q, the positional term
         # into the additive mask, and let SDPA pick a fused kernel.
-        q_BHTC = ((q_BTHC + self.u_HC) * self.scale).transpose(1, 2)
+        q_BHTC = ((q_BTHC + u_HC) * scale).transpose(1, 2)
         o_BHTC = F.scaled_dot_product_attention(
             q_BHTC, k_BHLC, v_BHLC, attn_mask=bias_BHTL.to(q_BHTC.dtype), scale=1.0
         )

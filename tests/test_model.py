@@ -127,6 +127,33 @@ def test_relative_attention_matches_a_per_query_loop():
     torch.testing.assert_close(got, attn.out(want.reshape(2, T, H * C)), rtol=1e-5, atol=1e-6)
 
 
+def test_relative_attention_under_autocast_stays_in_its_dtype(monkeypatch):
+    """Under bf16 autocast every SDPA input is bf16: the fp32 parameters u, v and scale had
+    promoted q and the [B, H, T, L] positional bias to fp32 (H200, WT-B: the step's largest
+    tensors copied to fp32 and back in every layer); the output stays the fp32 one's within
+    bf16 rounding, and the parameters still get gradients."""
+    from models.attention import AttentionConfig, RelativeAttention
+
+    torch.manual_seed(5)
+    attn = RelativeAttention(AttentionConfig(64, 4, 16, 2))
+    with torch.no_grad():
+        for p in (attn.u_HC, attn.v_HC):
+            p.normal_()
+    h_BTD, mem_BMD = torch.randn(2, 8, 64), torch.randn(2, 8, 64)
+    want = attn(h_BTD, mem_BMD)
+    seen, sdpa = [], torch.nn.functional.scaled_dot_product_attention
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention",
+                        lambda q, k, v, **kw: seen.append((q.dtype, kw["attn_mask"].dtype))
+                        or sdpa(q, k, v, **kw))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = attn(h_BTD, mem_BMD)
+    assert seen == [(torch.bfloat16, torch.bfloat16)]
+    torch.testing.assert_close(got.float(), want, rtol=0.05, atol=0.03)
+    got.float().square().sum().backward()
+    assert all(p.grad is not None and p.grad.dtype == torch.float32 and p.grad.abs().sum() > 0
+               for p in (attn.u_HC, attn.v_HC, attn.scale))
+
+
 def test_evaluation_is_the_token_weighted_loss_of_one_pass_over_each_stream():
     """LMTask.evaluate: segments with carried memory (covering the whole stream), a shorter
     last segment, and the mean over tokens, not over batches, equal one pass per stream."""
