@@ -207,3 +207,28 @@ def test_the_peak_of_a_known_gpu_follows_the_dtype(monkeypatch):
     fp32 = bench_moe.device_peaks(args, "cuda", torch.float32)
     assert (bf16["flop_s"], fp32["flop_s"], bf16["bytes_s"]) == (989e12, 67e12, 3.35e12)
     assert bf16["source"] == "table"
+
+
+def test_kernel_table_is_per_repetition_and_slowest_first():
+    """profile_moe.py / bench_train.py --profile: GPU kernels only (CPU ops have no device
+    time of their own), calls and microseconds per repetition, shares of the GPU time."""
+    from types import SimpleNamespace as Evt
+
+    class Prof:
+        def key_averages(self):
+            return [Evt(key="aten::mm", count=10, self_device_time_total=0),
+                    Evt(key="gather_mm_kernel", count=10, self_device_time_total=300.0),
+                    Evt(key="scatter_mm_kernel", count=40, self_device_time_total=900.0)]
+
+    rows = bench_common.kernel_table(Prof(), reps=5)
+    assert [(r["kernel"], r["calls"], r["us"]) for r in rows] == [
+        ("scatter_mm_kernel", 8.0, 180.0), ("gather_mm_kernel", 2.0, 60.0)]
+    assert [r["share"] for r in rows] == [0.75, 0.25]
+
+
+def test_profile_moe_says_it_needs_a_gpu(monkeypatch):
+    from scripts import profile_moe
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit, match="needs a CUDA device .*bench_moe.py --device cpu"):
+        profile_moe.main([])
