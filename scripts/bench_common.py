@@ -4,6 +4,7 @@ go. torch only (the GPU machines have no Hydra)."""
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import time
 from pathlib import Path
@@ -96,6 +97,13 @@ def parse_with_defaults(parser, argv, resolved, not_results
     defaults = resolved(parser.parse_args(["--device", args.device]))
     return args, ["--" + k.replace("_", "-") for k, v in vars(args).items()
                   if k not in not_results and v != getattr(defaults, k)]
+
+
+def write_json(path: Path, out: dict) -> None:
+    """The results as indented JSON (folders made as needed), and a line saying where."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(out, indent=1) + "\n")
+    print(f"wrote {path}")
 
 
 def out_path(name: str, changed: list[str]) -> Path:

@@ -20,7 +20,6 @@ Needs torch (+ triton for the Triton backends) and nothing else: no Hydra.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -47,6 +46,7 @@ from scripts.bench_common import (  # noqa: E402
     parse_with_defaults,
     sync,
     time_all,
+    write_json,
 )
 
 BACKENDS = ("triton", "triton_unfused", "grouped_mm", "torch", "reference")
@@ -408,8 +408,7 @@ def main(argv=None) -> dict:
                                    "peak: the roofline columns are pessimistic")
         print(f"note: {out['roofline_warning']} (set the real peak with --peak-tflops / "
               "--peak-gbps)")
-    path.write_text(json.dumps(out, indent=1))
-    print(f"wrote {path}")
+    write_json(path, out)
     if out["sweeps"]:
         try:
             from scripts import plot_bench

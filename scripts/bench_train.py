@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import statistics
 import sys
 import time
@@ -38,6 +37,7 @@ from scripts.bench_common import (  # noqa: E402
     paired_ratio,
     parse_with_defaults,
     sync,
+    write_json,
 )
 
 # name: (d_model, layers, heads, head_dim, ctx, batch, vocab, dense d_ff, N_E, G, K)
@@ -215,9 +215,7 @@ def main(argv=None) -> dict:
             print(f"{shape:10} target: sigma-MoE step <= {limit}x dense: "
                   f"{'PASS' if row['target']['pass'] else 'FAIL'}")
         out["results"][shape] = row
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(out, indent=1) + "\n")
-    print(f"wrote {path}")
+    write_json(path, out)
     return out
 
 

@@ -17,7 +17,6 @@ Needs torch (+ triton) and a CUDA device; no Hydra. JSON to runs/bench/ (or --ou
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -34,6 +33,7 @@ from scripts.bench_common import (  # noqa: E402
     device_slug,
     kernel_table,
     sync,
+    write_json,
 )
 from scripts.bench_moe import BACKENDS, GPU_TARGET, GRAPHABLE, make_layers  # noqa: E402
 
@@ -133,9 +133,7 @@ def main(argv=None) -> dict:
         for key, cfg in chosen.items():
             print(f"autotune {tuner} {key}: {cfg}")
     path = args.out or ROOT / "runs" / "bench" / f"profile_{device_slug(name)}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(out, indent=1) + "\n")
-    print(f"wrote {path}")
+    write_json(path, out)
     return out
 
 
