@@ -53,12 +53,12 @@ def make_routing(expert_TK: torch.Tensor, n_experts: int, n_chunks: int = 1) -> 
     # byte (int16: 2 passes where int64 made 8; H200, 131072 rows: 15 us instead of 53)
     key_dtype = next(d for d in (torch.int16, torch.int32, torch.int64)
                      if n_seg <= torch.iinfo(d).max)
-    slot_K = torch.arange(K, device=dev, dtype=key_dtype)
-    if n_chunks == 1:  # the GPU kernels': fewer small ops, each a launch that costs host time
-        key_TK = expert_TK.to(key_dtype) * K + slot_K
-    else:
+    # computed in key_dtype: every partial key is below n_seg
+    key_TK = expert_TK.to(key_dtype)
+    if n_chunks > 1:  # C = 1 for the GPU kernels: no ops (each a launch) for the chunks
         chunk_T = torch.arange(T, device=dev) * n_chunks // max(T, 1)
-        key_TK = ((expert_TK.long() * n_chunks + chunk_T[:, None]) * K).to(key_dtype) + slot_K
+        key_TK = key_TK * n_chunks + chunk_T.to(key_dtype)[:, None]
+    key_TK = key_TK * K + torch.arange(K, device=dev, dtype=key_dtype)
     sorted_key_R, order_R = torch.sort(key_TK.reshape(-1), stable=True)
     # first sorted row of every segment: static shape, unlike bincount(minlength)
     bounds = torch.arange(n_seg + 1, device=dev, dtype=key_dtype)

@@ -48,19 +48,12 @@ from scripts.bench_common import (  # noqa: E402
     time_all,
     write_json,
 )
+from scripts.bench_roofline import bytes_moved, device_peaks, flops  # noqa: E402
 
 BACKENDS = ("triton", "triton_unfused", "grouped_mm", "torch", "reference")
 # layers that run with no host sync, so that a CUDA graph captures them; the torch path and
 # the per-expert loop read routing counts on the host (.tolist(), nonzero)
 GRAPHABLE = {"dense", "dense_nobias", "triton", "triton_unfused", "grouped_mm"}
-# dense peak FLOP/s (16-bit tensor cores / plain fp32) and memory bandwidth, by device name
-PEAKS = [  # (name fragment, bf16 FLOP/s, fp32 FLOP/s, bytes/s); first match wins
-    ("H100 PCIe", 756e12, 51e12, 2.0e12), ("H100 NVL", 835e12, 60e12, 3.9e12),
-    ("GH200", 989e12, 67e12, 4.0e12),  # before "H200", which its name contains
-    ("H100", 989e12, 67e12, 3.35e12),
-    ("H200", 989e12, 67e12, 4.8e12), ("A100", 312e12, 19.5e12, 2.0e12),
-    ("3090", 71e12, 35.6e12, 0.936e12),
-]
 # issue 4's GPU targets at the paper's shape (bf16): fused Triton layer / dense MLP time,
 # grouped_mm / Triton time, time / roofline, peak memory / the dense MLP's
 GPU_TARGET = {"d_model": 1024, "n_experts": 32, "expert_size": 128, "k": 4, "tokens": 32768}
@@ -90,52 +83,6 @@ def sweeps(device: str) -> dict[str, list[dict]]:
         "expert_size": [case(512, 32, g) for g in (32, 64, 128, 256, 512)],  # benchmark_es
         "dmodel_f4096": [case(d, 32, 128) for d in dms],  # Fig. benchmark_dmodel
     }
-
-
-# ------------------------------------------------------------------------ cost model
-def flops(c: dict, T: int, K: int) -> tuple[float, float]:
-    """Matrix-product FLOPs of forward+backward (backward = 2x forward): dense, MoE."""
-    D, E, G, F = c["d_model"], c["n_experts"], c["expert_size"], c["d_ff"]
-    return 12.0 * T * D * F, 12.0 * T * K * G * D + 6.0 * T * D * E  # MoE: + selection
-
-
-def bytes_moved(c: dict, T: int, K: int, elem: int) -> tuple[float, float]:
-    """Bytes if every operand and result of the six products of forward+backward crosses
-    DRAM once; MoE products run over the R = T*K sorted rows (gathered operands counted
-    K times: what the kernels load when L2 does not help). Dense, MoE."""
-    D, E, G, F = c["d_model"], c["n_experts"], c["expert_size"], c["d_ff"]
-
-    def six(rows, hidden, weights):  # x W1, h W2 | dy W2^T, h^T dy, dz W1^T, x^T dz
-        act_in, act_hid = rows * D, rows * hidden
-        return 3 * (2 * act_in + 2 * act_hid + 2 * weights)
-
-    selection = 3 * T * D + 6 * T * E + 3 * E * D  # x W3^T and its two gradients
-    return elem * six(T, F, D * F), elem * (six(T * K, G, E * D * G) + selection)
-
-
-def device_peaks(args, device: str, dtype: torch.dtype) -> dict:
-    name = torch.cuda.get_device_name() if device == "cuda" else "cpu"
-    flop_s = bw = None
-    for frag, f16, f32, b in PEAKS:
-        if frag in name:
-            flop_s, bw = (f32 if dtype == torch.float32 else f16), b
-            break
-    source = "table" if flop_s else "measured"
-    # unknown device (or a CPU): measure a large product and a copy, unless both are given
-    if flop_s is None and not (args.peak_tflops and args.peak_gbps):
-        flop_s, bw = measure_peaks(device, dtype)
-    return {"device": name, "flop_s": args.peak_tflops * 1e12 if args.peak_tflops else flop_s,
-            "bytes_s": args.peak_gbps * 1e9 if args.peak_gbps else bw,
-            "source": "flags" if args.peak_tflops or args.peak_gbps else source}
-
-
-def measure_peaks(device: str, dtype: torch.dtype) -> tuple[float, float]:
-    n = 2048 if device == "cpu" else 8192
-    a = torch.randn(n, n, device=device, dtype=dtype)
-    ms = min(time_all({"mm": lambda: a @ a}, device, 2, 5)["mm"])  # best: the peak
-    big = torch.empty(64 * 2**20 // 4, device=device)
-    ms_copy = min(time_all({"copy": lambda: big.clone()}, device, 2, 5)["copy"])
-    return 2 * n**3 / (ms * 1e-3), 2 * big.numel() * 4 / (ms_copy * 1e-3)
 
 
 # ------------------------------------------------------------------------ timing
@@ -247,13 +194,13 @@ def check_backends(backends, device, dtype) -> None:
         sys.exit("a backend disagrees with the reference: not benchmarking")
 
 
-def graph_times(layers: dict, args) -> dict[str, list[float]]:
+def graph_times(layers: dict, warmup: int, reps: int) -> dict[str, list[float]]:
     """Milliseconds of CUDA-graph replays of each GRAPHABLE layer (the GPU time alone: what
     the kernels decide), interleaved like the eager rounds. Eager timings of many small
     launches measure the host's Python as much as the GPU (H200 VM: 3.5 ms to issue a
     1.4 ms MoE layer), and in a training step the GPU is busy with other layers meanwhile."""
     graphs = {name: cuda_graph(fn) for name, fn in layers.items() if name in GRAPHABLE}
-    times = time_all({n: g.replay for n, g in graphs.items()}, "cuda", args.warmup, args.reps)
+    times = time_all({n: g.replay for n, g in graphs.items()}, "cuda", warmup, reps)
     del graphs  # their memory pools
     torch.cuda.empty_cache()
     return times
@@ -263,7 +210,8 @@ def bench_case(c, args, device, dtype, backends, peaks, extras=False) -> dict:
     T, K = args.tokens, args.k
     layers = make_layers(c, T, K, device, dtype, backends, extras)
     times = time_all(layers, device, args.warmup, args.reps)
-    graphed = graph_times(layers, args) if device == "cuda" and args.graphs else {}
+    graphed = (graph_times(layers, args.warmup, args.reps) if device == "cuda" and args.graphs
+               else {})
     f_dense, f_moe = flops(c, T, K)
     b_dense, b_moe = bytes_moved(c, T, K, torch.finfo(dtype).bits // 8)
     res = {}

@@ -17,6 +17,7 @@ Needs torch (+ triton) and a CUDA device; no Hydra. JSON to runs/bench/ (or --ou
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -29,20 +30,26 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from scripts.bench_common import (  # noqa: E402
     DTYPES,
     ROOT,
-    cuda_graph,
     device_slug,
     kernel_table,
     sync,
     write_json,
 )
-from scripts.bench_moe import BACKENDS, GPU_TARGET, GRAPHABLE, make_layers  # noqa: E402
+from scripts.bench_moe import (  # noqa: E402
+    BACKENDS,
+    GPU_TARGET,
+    GRAPHABLE,
+    graph_times,
+    make_layers,
+)
 
 
 def host_and_graph_ms(layer_name: str, fn, reps: int) -> dict[str, float | None]:
     """Three times of one forward+backward: `wall_ms` (CUDA events around the eager call),
     `host_ms` (the CPU time to issue it, GPU kept busy; when it is near wall_ms the eager
     layer waits on Python, not on the GPU) and `graph_ms` (a CUDA graph replay of it: the
-    GPU time alone; None for the layers that sync with the host: bench_moe.GRAPHABLE)."""
+    GPU time alone, median of `reps` replays; None for the layers that sync with the host:
+    bench_moe.GRAPHABLE)."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     sync("cuda")
     start.record()
@@ -53,21 +60,8 @@ def host_and_graph_ms(layer_name: str, fn, reps: int) -> dict[str, float | None]
     end.record()
     end.synchronize()
     out = {"wall_ms": start.elapsed_time(end) / reps, "host_ms": host, "graph_ms": None}
-    if layer_name not in GRAPHABLE:
-        return out
-    try:
-        graph = cuda_graph(fn)
-        graph.replay()
-        sync("cuda")
-        start.record()
-        for _ in range(reps):
-            graph.replay()
-        end.record()
-        end.synchronize()
-        out["graph_ms"] = start.elapsed_time(end) / reps
-        del graph
-    except RuntimeError as err:  # e.g. "operation not permitted when stream is capturing"
-        out["graph_error"] = str(err).splitlines()[0][:200]
+    if layer_name in GRAPHABLE:
+        out["graph_ms"] = statistics.median(graph_times({layer_name: fn}, 1, reps)[layer_name])
     return out
 
 
