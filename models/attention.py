@@ -39,13 +39,42 @@ def sinusoid_encoding(distances_L: torch.Tensor, d_model: int) -> torch.Tensor:
     return torch.cat([angles_LF.sin(), angles_LF.cos()], dim=-1)
 
 
-def rel_shift(x_BHTL: torch.Tensor) -> torch.Tensor:
-    """Transformer-XL's relative shift: row i of scores over offsets [L-1 .. 0] becomes
-    scores over key positions j, i.e. out[i, j] = x[i, j + T - 1 - i] (offset M + i - j).
-    Entries with j > M + i are garbage; the causal mask removes them."""
-    B, H, T, L = x_BHTL.shape
-    padded = F.pad(x_BHTL, (1, 0)).view(B, H, L + 1, T)
-    return padded[:, :, 1:].reshape(B, H, T, L)
+def shifted_view(bd_HBTP: torch.Tensor) -> torch.Tensor:
+    """Transformer-XL's relative shift as a strided view, no copy. bd_HBTP [H, B, T, L + 1]
+    holds scores over offsets [L-1 .. 0] plus one spare column; the view [B, H, T, L] is
+    out[b, h, i, j] = bd[h, b, i, j + T - 1 - i] (offset M + i - j). With rows L + 1 wide,
+    that element sits at i * L + j + T - 1 in its (h, b) block: a row stride of L from
+    offset T - 1, so the view is a plain window of each block (T - 1 elements before it, one
+    after). Entries with j > M + i read the next row or the spare column; the mask removes
+    them. (The usual pad-and-reshape shift makes two copies of the layer's largest tensor.)"""
+    H, B, T, P = bd_HBTP.shape
+    return bd_HBTP.as_strided((B, H, T, P - 1), (T * P, B * T * P, P - 1, 1),
+                              bd_HBTP.storage_offset() + T - 1)
+
+
+class _PositionBias(torch.autograd.Function):
+    """bd_HBTP [H, B, T, L + 1] -> the additive attention bias [B, H, T, L]: the shifted
+    view, -inf on the future keys. One pass over the [B, H, T, L] tensor each way."""
+
+    @staticmethod
+    def forward(ctx, bd_HBTP: torch.Tensor, future_TL: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(future_TL)
+        shifted_BHTL = shifted_view(bd_HBTP)
+        # explicit [B, H, T, L] layout for SDPA (the view's strides are ordered H, B)
+        bias_BHTL = bd_HBTP.new_empty(shifted_BHTL.shape)
+        neg_inf = bd_HBTP.new_full((), float("-inf"))  # where(out=) takes tensors only
+        return torch.where(future_TL, neg_inf, shifted_BHTL, out=bias_BHTL)
+
+    @staticmethod
+    def backward(ctx, grad_BHTL: torch.Tensor):
+        (future_TL,) = ctx.saved_tensors
+        B, H, T, L = grad_BHTL.shape
+        grad_HBTP = grad_BHTL.new_empty(H, B, T, L + 1)
+        blocks = grad_HBTP.view(H * B, T * (L + 1))
+        blocks[:, : T - 1].zero_()  # the elements outside each block's window
+        blocks[:, T - 1 + T * L :].zero_()
+        torch.where(future_TL, grad_BHTL.new_zeros(()), grad_BHTL, out=shifted_view(grad_HBTP))
+        return grad_HBTP, None
 
 
 class RelativeAttention(nn.Module):
@@ -81,15 +110,17 @@ class RelativeAttention(nn.Module):
         # promote q (+u) and, through it, the [B, H, T, L] bias to fp32, which SDPA's autocast
         # then casts back: two full copies of the largest tensor of the layer, each way
         u_HC, v_HC, scale = (p.to(q_BTHC.dtype) for p in (self.u_HC, self.v_HC, self.scale))
-        bd_BHTL = torch.einsum("bthc,hlc->bhtl", q_BTHC + v_HC, r_HLC)
-        bd_BHTL = rel_shift(bd_BHTL)
+        # the positional scores over L offsets plus one zero column, for the strided shift;
+        # the scale goes on the [B, T, H, C] operand instead of the [B, H, T, L] product
+        r_HCP = F.pad(r_HLC, (0, 0, 0, 1)).transpose(1, 2)
+        qv_HNC = ((q_BTHC + v_HC) * scale).permute(2, 0, 1, 3).reshape(H, B * T, C)
+        bd_HBTP = torch.bmm(qv_HNC, r_HCP).view(H, B, T, L + 1)
         # Key j is visible to query i iff j <= M + i: all memory plus the causal past.
         future_TL = torch.ones(T, L, dtype=torch.bool, device=h_BTD.device).triu(M + 1)
-        bias_BHTL = (scale * bd_BHTL).masked_fill(future_TL, float("-inf"))
+        bias_BHTL = _PositionBias.apply(bd_HBTP, future_TL)
         # scale * [(q+u).k + bd]: fold the learnable scale into q, the positional term
         # into the additive mask, and let SDPA pick a fused kernel.
         q_BHTC = ((q_BTHC + u_HC) * scale).transpose(1, 2)
-        o_BHTC = F.scaled_dot_product_attention(
-            q_BHTC, k_BHLC, v_BHLC, attn_mask=bias_BHTL.to(q_BHTC.dtype), scale=1.0
-        )
+        o_BHTC = F.scaled_dot_product_attention(q_BHTC, k_BHLC, v_BHLC, attn_mask=bias_BHTL,
+                                                scale=1.0)
         return self.out(o_BHTC.transpose(1, 2).reshape(B, T, H * C))

@@ -1,4 +1,5 @@
 """Transformer-XL: memory equivalence, causality, relative shift and init (docs/REFERENCE.md)."""
+import itertools
 import math
 import re
 import sys
@@ -6,7 +7,7 @@ import sys
 import pytest
 import torch
 
-from models.attention import rel_shift
+from models.attention import shifted_view
 from models.ffn.dense import DenseConfig
 from models.ffn.sigma_moe import SigmaMoEConfig
 from models.transformer_xl import TransformerXL, TransformerXLConfig
@@ -65,14 +66,35 @@ def test_memory_is_visible_and_bounded():
     assert (b - c).abs().max() > 1e-3  # memory content changes the output
 
 
-def test_rel_shift_maps_offsets_to_key_positions():
-    T, L = 3, 5  # M = 2 memory positions
-    x = torch.arange(T * L, dtype=torch.float).view(1, 1, T, L)
-    out = rel_shift(x)[0, 0]
-    for i in range(T):
-        for j in range(L):
-            if j <= (L - T) + i:
-                assert out[i, j] == x[0, 0, i, j + T - 1 - i]
+@pytest.mark.parametrize("T, M", [(3, 2), (4, 0), (1, 3)])
+def test_shifted_view_maps_offsets_to_key_positions(T, M):
+    """out[b, h, i, j] = bd[h, b, i, j + T - 1 - i] (offset M + i - j) for every visible key,
+    read in place from the [H, B, T, L + 1] scores: no copy, and all in bounds."""
+    H, B, L = 2, 3, T + M
+    bd = torch.arange(H * B * T * (L + 1), dtype=torch.float).view(H, B, T, L + 1)
+    out = shifted_view(bd)
+    assert out.shape == (B, H, T, L) and out.data_ptr() >= bd.data_ptr()
+    for b, h, i in itertools.product(range(B), range(H), range(T)):
+        for j in range(M + i + 1):
+            assert out[b, h, i, j] == bd[h, b, i, j + T - 1 - i]
+
+
+@pytest.mark.parametrize("T, M", [(3, 2), (4, 0), (1, 3)])
+def test_position_bias_gradient(T, M):
+    """The bias's backward (the gradient laid back into the unshifted [H, B, T, L + 1]
+    layout, zeros outside the window and on the future keys) against finite differences."""
+    from models.attention import _PositionBias
+
+    L = T + M
+    future = torch.ones(T, L, dtype=torch.bool).triu(M + 1)
+    bd = torch.randn(2, 3, T, L + 1, dtype=torch.float64, requires_grad=True)
+
+    def finite_part(x):  # gradcheck cannot difference through -inf
+        return _PositionBias.apply(x, future).masked_fill(future, 0.0)
+
+    assert torch.autograd.gradcheck(finite_part, (bd,))
+    bias = _PositionBias.apply(bd, future)
+    assert bias.is_contiguous() and torch.isneginf(bias[:, :, future]).all()
 
 
 def test_linear_init_std_and_attention_params():
@@ -98,7 +120,8 @@ def test_linear_init_std_and_attention_params():
 
 def test_relative_attention_matches_a_per_query_loop():
     """score(i, j) = scale [(q_i + u) k_j + (q_i + v) R_{M+i-j}], over memory and the causal
-    past only (Transformer-XL Sec. 3.3), with every parameter random (u, v start at 0)."""
+    past only (Transformer-XL Sec. 3.3), with every parameter random (u, v start at 0):
+    outputs and gradients."""
     from models.attention import AttentionConfig, RelativeAttention, sinusoid_encoding
 
     torch.manual_seed(4)
@@ -108,7 +131,8 @@ def test_relative_attention_matches_a_per_query_loop():
         for p in (attn.u_HC, attn.v_HC):
             p.normal_()
         attn.scale.fill_(0.7)
-    h_BTD, mem_BMD = torch.randn(2, T, Dm), torch.randn(2, M, Dm)
+    h_BTD = torch.randn(2, T, Dm, requires_grad=True)
+    mem_BMD = torch.randn(2, M, Dm, requires_grad=True)
     got = attn(h_BTD, mem_BMD)
     Wq, Wk, Wv = attn.qkv.weight.view(3, H, C, Dm)
     want = torch.zeros(2, T, H, C)
@@ -124,7 +148,32 @@ def test_relative_attention_matches_a_per_query_loop():
                                  for n, j in enumerate(js)])
                 p = torch.softmax(attn.scale * s, 0)
                 want[b, i, hd] = sum(p[n] * (Wv[hd] @ cat_LD[j]) for n, j in enumerate(js))
-    torch.testing.assert_close(got, attn.out(want.reshape(2, T, H * C)), rtol=1e-5, atol=1e-6)
+    want = attn.out(want.reshape(2, T, H * C))
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    # and the gradients of every input and parameter (the shift's custom backward)
+    leaves = [h_BTD, mem_BMD, *attn.parameters()]
+    dy = torch.randn_like(got)
+    for g, w in zip(torch.autograd.grad(got, leaves, dy), torch.autograd.grad(want, leaves, dy)):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5)
+
+
+def test_position_bias_keeps_no_score_sized_tensor_for_backward(monkeypatch):
+    """Outside SDPA (stubbed here), the attention saves nothing of the [B, H, T, L] size for
+    its backward: the shift is a view and the scale sits on q (WT-B: 1 GB a layer, and
+    the multiply and its gradient were two more passes over it)."""
+    from models.attention import AttentionConfig, RelativeAttention
+
+    B, H, T, M = 2, 4, 8, 12
+    attn = RelativeAttention(AttentionConfig(64, H, 16, 2))
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention",
+                        lambda q, k, v, attn_mask, scale: q + v[:, :, :T] + 0 * attn_mask.sum())
+    shapes = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: shapes.append(t.shape) or t,
+                                                  lambda t: t):
+        attn(torch.randn(B, T, 64), torch.randn(B, M, 64))
+    # [T, L] (the mask) is fine; [B, H, T, L] or [H, B, T, L + 1] are not
+    assert shapes and not [s for s in shapes if len(s) > 2 and s[-2:] in ((T, T + M),
+                                                                        (T, T + M + 1))]
 
 
 def test_relative_attention_under_autocast_stays_in_its_dtype(monkeypatch):
