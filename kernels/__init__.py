@@ -4,7 +4,8 @@ Importable with torch alone (Triton optional, no GPU needed): no Hydra here.
 
     y_t = sum_k gate[t,k] * W2[e_tk]^T dropout(relu(W1[e_tk]^T x_t))
 
-`moe_mlp` is the one entry point the FFN variants call. Backends:
+`moe_mlp` is the one entry point the FFN variants call (and `topk` for their selection:
+torch.topk, or on CUDA one Triton kernel, kernels/triton_topk.py). Backends:
     auto            triton on CUDA (triton_unfused when hidden dropout is active), else
                     grouped_mm on CUDA when applicable, else torch
     triton          fused Triton kernels (kernels/triton_ops.py); no hidden dropout
@@ -28,10 +29,11 @@ try:  # Triton is optional: without it (or without a GPU) everything but "triton
     from kernels import triton_ops
     from kernels.triton_launch import INTERPRET as TRITON_INTERPRET
     from kernels.triton_launch import interpreter_problem
+    from kernels.triton_topk import topk_ids
 
     HAS_TRITON, _TRITON_ERROR = True, ""
 except ImportError as err:  # pragma: no cover - depends on the install
-    triton_ops, TRITON_INTERPRET, interpreter_problem = None, False, None
+    triton_ops, TRITON_INTERPRET, interpreter_problem, topk_ids = None, False, None, None
     HAS_TRITON, _TRITON_ERROR = False, str(err)
 
 BACKENDS = ("auto", "triton", "triton_unfused", "grouped_mm", "torch", "reference")
@@ -73,6 +75,25 @@ def resolve_backend(backend: str, x_TD: torch.Tensor, w1_EDG: torch.Tensor,
     if problem is not None:
         raise ValueError(f"moe_mlp backend {backend!r} cannot run on these inputs: {problem}")
     return backend
+
+
+def topk(s_TE: torch.Tensor, k: int, backend: str = "auto"):
+    """(values_TK, ids_TK) = torch.topk(s_TE, k, dim=-1): the K largest per row, largest
+    first. backend "auto": the Triton kernel on CUDA, else torch.topk; "triton" (also under
+    TRITON_INTERPRET=1) or "torch". The values are gathered from s, so gradients flow."""
+    if not 1 <= k <= s_TE.shape[-1]:
+        raise ValueError(f"top-k: k={k} must be in [1, {s_TE.shape[-1]}] (the number of experts)")
+    if backend == "auto":
+        backend = "triton" if s_TE.is_cuda and HAS_TRITON else "torch"
+    if backend == "torch":
+        return s_TE.topk(k, dim=-1)
+    if backend != "triton":
+        raise ValueError(f"top-k backend {backend!r}: choose auto, triton or torch")
+    problem = backend_problem("triton", s_TE, s_TE)  # (its w1 matters to grouped_mm only)
+    if problem is not None:
+        raise ValueError(f"top-k backend 'triton' cannot run on these inputs: {problem}")
+    ids_TK = topk_ids(s_TE, k)
+    return s_TE.gather(-1, ids_TK), ids_TK
 
 
 def _compute_dtype(x_TD: torch.Tensor) -> torch.dtype:
@@ -143,5 +164,5 @@ def moe_mlp(x_TD, expert_TK, gate_TK, w1_EDG, w2_EGD, hidden_dropout=0.0, traini
 
 __all__ = [
     "BACKENDS", "HAS_TRITON", "Routing", "backend_problem", "check_inputs", "make_routing",
-    "moe_mlp", "moe_mlp_reference", "resolve_backend",
+    "moe_mlp", "moe_mlp_reference", "resolve_backend", "topk",
 ]

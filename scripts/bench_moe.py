@@ -124,8 +124,11 @@ def make_layers(c: dict, T: int, K: int, device: str, dtype: torch.dtype, backen
         return torch.relu(x @ W1.T) @ W2.T, (x, W1, W2)
 
     def moe(backend):
+        # the sigma-MoE selection as models/ffn/experts.py makes it (Triton top-K on CUDA)
+        select = "torch" if backend in ("torch", "reference") else "auto"
+
         def forward():
-            gate, expert = torch.sigmoid(x @ w3.T).topk(K, dim=-1)  # sigma-MoE selection
+            gate, expert = kernels.topk(torch.sigmoid(x @ w3.T), K, backend=select)
             return kernels.moe_mlp(x, expert, gate, w1, w2, backend=backend), (x, w1, w2, w3)
         return forward
 

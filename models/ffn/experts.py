@@ -17,7 +17,7 @@ import torch
 import torch.nn as nn
 
 from framework.config import ConfigError, check_probability
-from kernels import BACKENDS, moe_mlp
+from kernels import BACKENDS, moe_mlp, topk
 from models.ffn.base import FFN
 
 
@@ -91,6 +91,12 @@ class ExpertsFFN(FFN):
     def select(self, logits_TE: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Scores -> (expert_TK int64, gate_TK); may call `self.add_loss`."""
         raise NotImplementedError  # abstract: every variant defines its selection
+
+    def topk(self, s_TE: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(values_TK, ids_TK) of the K largest scores: kernels.topk, whose Triton kernel
+        runs on CUDA unless the plain paths were asked for."""
+        plain = self.cfg.backend in ("torch", "reference")
+        return topk(s_TE, self.cfg.k, backend="torch" if plain else "auto")
 
     def forward(self, x_BTD: torch.Tensor) -> torch.Tensor:
         x_TD = x_BTD.reshape(-1, x_BTD.shape[-1])

@@ -53,7 +53,7 @@ class SigmaMoE(ExpertsFFN):
             if keep_TE is not None:
                 # finite, so a row with fewer than K kept experts still gives weights (~0)
                 logits_TE = logits_TE.masked_fill(~keep_TE, torch.finfo(logits_TE.dtype).min)
-            top_TK, expert_TK = logits_TE.topk(cfg.k, dim=-1)
+            top_TK, expert_TK = self.topk(logits_TE)
             gate_TK = torch.softmax(top_TK, dim=-1)
             if keep_TE is not None:  # a token with no kept expert would get 1/K each
                 gate_TK = gate_TK * keep_TE.gather(-1, expert_TK)
@@ -62,5 +62,5 @@ class SigmaMoE(ExpertsFFN):
         s_TE = act(logits_TE)
         if keep_TE is not None:
             s_TE = s_TE * keep_TE
-        gate_TK, expert_TK = s_TE.topk(cfg.k, dim=-1)
+        gate_TK, expert_TK = self.topk(s_TE)
         return expert_TK, gate_TK

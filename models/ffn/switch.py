@@ -91,7 +91,7 @@ class SwitchMoE(ExpertsFFN):
     def select(self, logits_TE: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         cfg = self.cfg
         p_TE = torch.softmax(logits_TE.float(), dim=-1)
-        gate_TK, expert_TK = p_TE.topk(cfg.k, dim=-1)
+        gate_TK, expert_TK = self.topk(p_TE)
         if self.training and cfg.balance_coef > 0:
             self.add_loss(cfg.balance_coef * balancing_loss(p_TE, expert_TK))
         if self.training and cfg.capacity_factor > 0:

@@ -1,0 +1,59 @@
+"""Expert selection's top-K in one Triton kernel (paper Eq. `moe_out`: E_x = argtopk(s, K)).
+
+    expert_TK[t] = the K largest s[t, :], largest first; ties to the lower expert id,
+    NaN ranks above everything (as torch.topk)
+
+The rows are short (E = 8-512 experts) and many (32768 tokens): torch.topk sorts each row's
+K results in a second kernel and took 79 us of the fused layer's 1275 (H200, bf16, T 32768,
+E 32, K 4), where reading s takes ~1 us. Here a program holds BLOCK_T whole rows in
+registers and takes K maxima. Only the ids come from the kernel: the caller gathers the
+gates from s, so autograd (the gather's backward) needs no kernel of its own.
+"""
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+
+@triton.jit
+def topk_kernel(s_ptr, idx_ptr, T, E, stride_t, stride_e,
+                K: tl.constexpr, E_P2: tl.constexpr, BLOCK_T: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    cols = tl.arange(0, E_P2)
+    row_ok = rows < T
+    col_ok = cols < E
+    s = tl.load(s_ptr + rows[:, None].to(tl.int64) * stride_t + cols[None, :] * stride_e,
+                mask=row_ok[:, None] & col_ok[None, :], other=float("-inf")).to(tl.float32)
+    s = tl.where(s != s, float("inf"), s)  # NaN first, as torch.topk ranks it
+    # a chosen -inf is still the max of what is left: mark taken ids instead of overwriting
+    free = col_ok[None, :] & (rows[:, None] >= 0)  # [BLOCK_T, E_P2]
+    for k in tl.static_range(K):
+        best = tl.max(tl.where(free, s, float("-inf")), 1)
+        hit = free & (s == best[:, None])
+        idx = tl.min(tl.where(hit, cols[None, :], E_P2), 1)
+        tl.store(idx_ptr + rows.to(tl.int64) * K + k, idx.to(tl.int64), mask=row_ok)
+        free = free & (cols[None, :] != idx[:, None])
+
+
+def _block_t(e_p2: int) -> int:
+    # ~4096 values a program (32 per thread with 4 warps): many programs, no spills
+    return max(1, min(128, 4096 // e_p2))
+
+
+@torch.library.custom_op("sigma_moe::topk_ids", mutates_args=())
+def topk_ids(s_TE: Tensor, k: int) -> Tensor:
+    """int64 [T, K]: the ids of the K largest entries of each row, largest first."""
+    T, E = s_TE.shape
+    idx_TK = torch.empty(T, k, dtype=torch.int64, device=s_TE.device)
+    if T == 0:
+        return idx_TK
+    e_p2 = triton.next_power_of_2(E)
+    block_t = _block_t(e_p2)
+    topk_kernel[(triton.cdiv(T, block_t),)](s_TE, idx_TK, T, E, s_TE.stride(0), s_TE.stride(1),
+                                            K=k, E_P2=e_p2, BLOCK_T=block_t)
+    return idx_TK
+
+
+@topk_ids.register_fake
+def _(s_TE, k):
+    return s_TE.new_empty(s_TE.shape[0], k, dtype=torch.int64)
