@@ -3,18 +3,19 @@
 # install): the device; bench_moe.py's dmodel_g128 sweep (the GPU target case among it, the
 # Triton, grouped_mm and dense layers, eager and CUDA-graph times) with every backend checked
 # against the float64 reference first; the kernel tests (the `gpu` ones included); the
-# per-kernel profile of the target case; WT-S and WT-B training steps, dense vs sigma-MoE.
+# per-kernel profile of the target case; the hardware counters of its kernels (Nsight
+# Compute); WT-S and WT-B training steps, dense vs sigma-MoE.
 # Each step has its own time limit, so one that hangs or fails leaves the others' results.
 # Output: OUT/gpu_check.log (every step's output) and the JSON (and figures) of each step.
 #
 #   bash scripts/gpu_check.sh [OUT]          # OUT: default $OUT, else runs/gpu_check
-#   STEPS="moe profile" bash scripts/gpu_check.sh   # a subset: env moe tests profile train
-# Each step's limit in seconds: MOE_LIMIT, TESTS_LIMIT, PROFILE_LIMIT, TRAIN_LIMIT;
+#   STEPS="moe profile" bash scripts/gpu_check.sh   # a subset: env moe tests profile ncu train
+# Each step's limit in seconds: MOE_LIMIT, TESTS_LIMIT, PROFILE_LIMIT, NCU_LIMIT, TRAIN_LIMIT;
 # TESTS_MARK=gpu runs the `gpu` tests only.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-${OUT:-runs/gpu_check}}
-steps=${STEPS:-env moe tests profile train}
+steps=${STEPS:-env moe tests profile ncu train}
 py=${PYTHON:-python3}
 export PYTHONUNBUFFERED=1
 mkdir -p "$out"
@@ -40,5 +41,12 @@ run moe "${MOE_LIMIT:-200}" "$py" scripts/bench_moe.py --check --sweeps dmodel_g
 run tests "${TESTS_LIMIT:-150}" "$py" -m pytest -q -p no:cacheprovider tests/test_kernels_triton.py \
   -m "${TESTS_MARK:-not slow}" -k "not hopper and not smem_estimate and not spills"
 run profile "${PROFILE_LIMIT:-60}" "$py" scripts/profile_moe.py --out "$out/profile.json"
+# one forward+backward of the dense and the fused layer under ncu (the profile step filled
+# Triton's autotune cache: no tuning runs under it), then the counters as a table
+run ncu "${NCU_LIMIT:-120}" bash -c "command -v ncu >/dev/null || { echo 'no ncu here: skipped'; \
+exit 0; }; ncu --profile-from-start off --clock-control none --section SpeedOfLight \
+--section MemoryWorkloadAnalysis --section Occupancy --section WarpStateStats --section LaunchStats \
+--csv --page raw --log-file '$out/ncu.csv' $py scripts/profile_moe.py --backends triton --ncu \
+&& $py scripts/ncu_table.py '$out/ncu.csv' --out '$out/ncu.json'"
 run train "${TRAIN_LIMIT:-120}" "$py" scripts/bench_train.py --reps 5 --profile 12 \
   --out "$out/train.json"

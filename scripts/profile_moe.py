@@ -93,6 +93,10 @@ def main(argv=None) -> dict:
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--top", type=int, default=12, help="kernels printed per layer")
     p.add_argument("--out", type=Path, help="JSON path (default runs/bench/profile_<gpu>.json)")
+    p.add_argument("--ncu", action="store_true",
+                   help="for Nsight Compute instead: after the warm-up, one forward+backward "
+                        "of each layer between cudaProfilerStart and Stop, nothing else "
+                        "(ncu --profile-from-start off; scripts/gpu_check.sh's ncu step)")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         sys.exit("error: profile_moe.py profiles GPU kernels and needs a CUDA device "
@@ -107,6 +111,13 @@ def main(argv=None) -> dict:
         for _ in range(args.warmup):  # autotuning and compiles stay out of the profile
             fn()
         sync("cuda")
+        if args.ncu:
+            torch.cuda.profiler.start()
+            fn()
+            sync("cuda")
+            torch.cuda.profiler.stop()
+            print(f"{layer}: one forward+backward between cudaProfilerStart and Stop")
+            continue
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             for _ in range(args.reps):
                 fn()
@@ -123,6 +134,8 @@ def main(argv=None) -> dict:
             print(f"  {r['us']:8.1f} us {100 * r['share']:5.1f}% {r['calls']:5.1f}x  "
                   f"{r['kernel'][:90]}")
     out["autotuned"] = autotuned()
+    if args.ncu:  # no timings to write: ncu has the counters
+        return out
     for tuner, chosen in out["autotuned"].items():
         for key, cfg in chosen.items():
             print(f"autotune {tuner} {key}: {cfg}")

@@ -1,5 +1,6 @@
 """scripts/bench_moe.py: cost model, paired ratios, and one small case end to end on CPU."""
 import argparse
+import json
 
 import pytest
 import torch
@@ -232,3 +233,41 @@ def test_profile_moe_says_it_needs_a_gpu(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(SystemExit, match="needs a CUDA device .*bench_moe.py --device cpu"):
         profile_moe.main([])
+
+
+NCU_CSV = '''==PROF== Connected to process 4242 (/usr/bin/python3)
+==PROF== Profiling "scatter_mm_kernel" - 0: 0%....50%....100% - 38 passes
+"ID","Process ID","Kernel Name","Block Size","Grid Size","gpu__time_duration.sum",\
+"dram__throughput.avg.pct_of_peak_sustained_elapsed","launch__registers_per_thread",\
+"smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio"
+"","","","","","nsecond","%","register/thread","ratio"
+"0","4242","scatter_mm_kernel","(256, 1, 1)","(2104, 1, 1)","70,464","41.87","128","12.5"
+"1","4242","topk_kernel","(128, 1, 1)","(256, 1, 1)","3,072","",40,"1.25"
+==PROF== Disconnected from process 4242
+'''
+
+
+def test_ncu_table_reads_the_raw_csv_among_ncu_log_lines(tmp_path, capsys):
+    """scripts/ncu_table.py (gpu_check.sh's ncu step): one row a launch, ncu's own log lines
+    skipped, thousands separators and nanoseconds read (to microseconds), a counter this ncu
+    did not collect shown as "-", every counter in the JSON; a log with no CSV says why."""
+    from scripts import ncu_table
+
+    path = tmp_path / "ncu.csv"
+    path.write_text(NCU_CSV)
+    launches = ncu_table.main([str(path), "--out", str(tmp_path / "ncu.json")])
+    scatter, topk = launches
+    assert scatter["kernel"] == "scatter_mm_kernel"
+    assert scatter["units"]["gpu__time_duration.sum"] == "us"
+    assert scatter["metrics"]["gpu__time_duration.sum"] == pytest.approx(70.464)
+    assert scatter["metrics"]["dram__throughput.avg.pct_of_peak_sustained_elapsed"] == 41.87
+    assert "dram__throughput.avg.pct_of_peak_sustained_elapsed" not in topk["metrics"]
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split()[:3] == ["kernel", "us", "DRAM"]
+    assert lines[1].split()[:4] == ["scatter_mm_kernel", "70.5", "41.9", "-"]  # no SM counter
+    assert lines[2].split()[:3] == ["topk_kernel", "3.1", "-"]
+    assert json.loads((tmp_path / "ncu.json").read_text())[1]["metrics"][
+        "launch__registers_per_thread"] == 40
+    path.write_text("==PROF== No kernels were profiled.\n")
+    with pytest.raises(SystemExit, match="no CSV rows: was ncu run with --csv --page raw"):
+        ncu_table.main([str(path)])

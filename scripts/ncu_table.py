@@ -1,0 +1,115 @@
+"""Hardware counters of the MoE layer's kernels, from Nsight Compute's CSV: one row a launch.
+
+Reads what `ncu --csv --page raw` wrote (scripts/gpu_check.sh's `ncu` step profiles one
+forward+backward of the fused layer, `profile_moe.py --ncu`), prints the counters that tell
+a memory-bound kernel from a latency-bound one -- time, DRAM and SM throughput, L2 hit
+rate, achieved occupancy, registers, and the stall reasons per issued instruction -- and
+writes every counter of every launch to JSON. The scatter kernel's question (issue 4): at
+70 us a slot, 2.3x its memory time, is DRAM busy (then tiles or traffic must change) or
+idle while warps wait on the segment search and the serial read-product-write (then more
+programs in flight, or a precomputed tile table)?
+
+    python scripts/ncu_table.py runs/gpu_check/ncu.csv --out runs/gpu_check/ncu.json
+
+Needs only the standard library (runs where ncu ran, or here on its CSV).
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import sys
+from pathlib import Path
+
+# (column header, ncu raw metric); a metric this ncu did not collect prints as "-"
+COLUMNS = [
+    ("us", "gpu__time_duration.sum"),
+    ("DRAM %", "dram__throughput.avg.pct_of_peak_sustained_elapsed"),
+    ("SM %", "sm__throughput.avg.pct_of_peak_sustained_elapsed"),
+    ("L2 hit %", "lts__t_sector_hit_rate.pct"),
+    ("occup %", "sm__warps_active.avg.pct_of_peak_sustained_active"),
+    ("regs", "launch__registers_per_thread"),
+    ("grid", "launch__grid_size"),
+    ("threads", "launch__block_size"),
+]
+# stall reasons, in cycles per issued instruction (WarpStateStats)
+STALLS = ["long_scoreboard", "barrier", "lg_throttle", "mio_throttle", "short_scoreboard",
+          "wait", "math_pipe_throttle", "not_selected", "selected"]
+STALL_METRIC = "smsp__average_warps_issue_stalled_{}_per_issue_active.ratio"
+ID_COLUMNS = ("ID", "Kernel Name", "Block Size", "Grid Size")
+
+
+def _number(text: str) -> float | str:
+    try:
+        return float(text.replace(",", ""))
+    except ValueError:
+        return text
+
+
+def parse(text: str) -> list[dict]:
+    """ncu's raw CSV (lines of its own log interleaved) -> per launch {"id", "kernel",
+    "metrics": {name: value}, "units": {name: unit}}; times in microseconds."""
+    lines = [ln for ln in text.splitlines() if ln.startswith('"')]
+    if not lines:
+        raise ValueError("no CSV rows: was ncu run with --csv --page raw, and did it profile "
+                         "anything (--profile-from-start off needs the program's "
+                         "cudaProfilerStart, profile_moe.py --ncu)?")
+    rows = list(csv.reader(lines))
+    header, units, data = rows[0], rows[1], rows[2:]
+    if "Kernel Name" not in header:
+        raise ValueError(f"not ncu's raw page (columns: {header[:6]} ...)")
+    launches = []
+    for row in data:
+        cells = dict(zip(header, row))
+        metrics, unit_of = {}, {}
+        for name, unit, value in zip(header, units, row):
+            if name in ID_COLUMNS or not value:
+                continue
+            metrics[name], unit_of[name] = _number(value), unit
+        t = "gpu__time_duration.sum"  # to microseconds, whatever unit this ncu chose
+        if isinstance(metrics.get(t), float):
+            scale = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3,
+                     "msecond": 1e3}.get(unit_of[t])
+            if scale is not None:
+                metrics[t], unit_of[t] = metrics[t] * scale, "us"
+        launches.append({"id": cells.get("ID"), "kernel": cells["Kernel Name"],
+                         "metrics": metrics, "units": unit_of})
+    return launches
+
+
+def table(launches: list[dict]) -> str:
+    def cell(v):
+        return f"{v:.1f}" if isinstance(v, float) else ("-" if v is None else str(v))
+
+    head = ["kernel", *[c for c, _ in COLUMNS], *(f"st:{s}" for s in STALLS)]
+    body = [[ln["kernel"][:32], *(cell(ln["metrics"].get(m)) for _, m in COLUMNS),
+             *(cell(ln["metrics"].get(STALL_METRIC.format(s))) for s in STALLS)]
+            for ln in launches]
+    widths = [max(len(r[i]) for r in [head, *body]) for i in range(len(head))]
+    return "\n".join("  ".join(v.rjust(w) if i else v.ljust(w)
+                               for i, (v, w) in enumerate(zip(r, widths)))
+                     for r in [head, *body])
+
+
+def main(argv=None) -> list[dict]:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("csv", type=Path, help="ncu's output (--csv --page raw [--log-file])")
+    p.add_argument("--out", type=Path, help="JSON of every counter of every launch")
+    args = p.parse_args(argv)
+    if not args.csv.is_file():
+        sys.exit(f"error: {args.csv} does not exist (run scripts/gpu_check.sh's ncu step)")
+    try:
+        launches = parse(args.csv.read_text(errors="replace"))
+    except ValueError as err:
+        sys.exit(f"error: {args.csv}: {err}")
+    print(table(launches))
+    print("(stall columns: cycles per issued instruction; DRAM/SM %: of peak, elapsed)")
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(launches, indent=1))
+        print(f"wrote {args.out}")
+    return launches
+
+
+if __name__ == "__main__":
+    main()
