@@ -89,7 +89,8 @@ def topk(s_TE: torch.Tensor, k: int, backend: str = "auto"):
         return s_TE.topk(k, dim=-1)
     if backend != "triton":
         raise ValueError(f"top-k backend {backend!r}: choose auto, triton or torch")
-    problem = backend_problem("triton", s_TE, s_TE)  # (its w1 matters to grouped_mm only)
+    problem = ("s_TE must be [T, E]" if s_TE.dim() != 2
+               else backend_problem("triton", s_TE, s_TE))  # (w1 matters to grouped_mm only)
     if problem is not None:
         raise ValueError(f"top-k backend 'triton' cannot run on these inputs: {problem}")
     ids_TK = topk_ids(s_TE, k)

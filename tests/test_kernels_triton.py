@@ -478,6 +478,8 @@ def test_topk_rejects_k_beyond_the_experts_and_unknown_backends():
         kernels.topk(s, 4)
     with pytest.raises(ValueError, match="choose auto, triton or torch"):
         kernels.topk(s, 2, backend="cuda")
+    with pytest.raises(ValueError, match=r"must be \[T, E\]"):
+        kernels.topk(s[None], 2, backend="triton")
     assert kernels.topk(s, 2, backend="auto")[1].device == s.device
 
 
