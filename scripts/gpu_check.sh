@@ -10,7 +10,9 @@
 #
 #   bash scripts/gpu_check.sh [OUT]          # OUT: default $OUT, else runs/gpu_check
 #   STEPS="moe profile" bash scripts/gpu_check.sh   # a subset: env moe tests profile ncu train
-# Each step's limit in seconds: MOE_LIMIT, TESTS_LIMIT, PROFILE_LIMIT, NCU_LIMIT, TRAIN_LIMIT;
+#   STEPS=sweeps bash scripts/gpu_check.sh         # the paper's four other benchmark figures
+# Each step's limit in seconds: MOE_LIMIT, TESTS_LIMIT, PROFILE_LIMIT, NCU_LIMIT, TRAIN_LIMIT,
+# SWEEPS_LIMIT;
 # TESTS_MARK=gpu runs the `gpu` tests only.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -50,3 +52,8 @@ exit 0; }; ncu --profile-from-start off --clock-control none --section SpeedOfLi
 && $py scripts/ncu_table.py '$out/ncu.csv' --out '$out/ncu.json'"
 run train "${TRAIN_LIMIT:-120}" "$py" scripts/bench_train.py --reps 5 --profile 12 \
   --out "$out/train.json"
+# not a default step (a few minutes more): the sweeps of Figs. benchmark_32exp, benchmark,
+# benchmark_es and benchmark_dmodel, fused Triton and grouped_mm against the dense MLP
+run sweeps "${SWEEPS_LIMIT:-300}" "$py" scripts/bench_moe.py --no-target --reps 10 \
+  --sweeps dmodel_ne32 n_experts expert_size dmodel_f4096 --backends triton grouped_mm \
+  --out "$out/moe_sweeps.json"

@@ -91,11 +91,15 @@ def table(launches: list[dict]) -> str:
                      for r in [head, *body])
 
 
-def main(argv=None) -> list[dict]:
+def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("csv", type=Path, help="ncu's output (--csv --page raw [--log-file])")
     p.add_argument("--out", type=Path, help="JSON of every counter of every launch")
-    args = p.parse_args(argv)
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> list[dict]:
+    args = parse_args(argv)
     if not args.csv.is_file():
         sys.exit(f"error: {args.csv} does not exist (run scripts/gpu_check.sh's ncu step)")
     try:

@@ -78,7 +78,7 @@ def autotuned() -> dict[str, dict[str, str]]:
     return out
 
 
-def main(argv=None) -> dict:
+def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--d-model", type=int, default=GPU_TARGET["d_model"])
     p.add_argument("--n-experts", type=int, default=GPU_TARGET["n_experts"])
@@ -97,7 +97,11 @@ def main(argv=None) -> dict:
                    help="for Nsight Compute instead: after the warm-up, one forward+backward "
                         "of each layer between cudaProfilerStart and Stop, nothing else "
                         "(ncu --profile-from-start off; scripts/gpu_check.sh's ncu step)")
-    args = p.parse_args(argv)
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
     if not torch.cuda.is_available():
         sys.exit("error: profile_moe.py profiles GPU kernels and needs a CUDA device "
                  "(on a CPU, time the layers with scripts/bench_moe.py --device cpu)")

@@ -1,6 +1,8 @@
 """scripts/bench_moe.py: cost model, paired ratios, and one small case end to end on CPU."""
 import argparse
 import json
+import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -271,3 +273,45 @@ def test_ncu_table_reads_the_raw_csv_among_ncu_log_lines(tmp_path, capsys):
     path.write_text("==PROF== No kernels were profiled.\n")
     with pytest.raises(SystemExit, match="no CSV rows: was ncu run with --csv --page raw"):
         ncu_table.main([str(path)])
+
+
+def test_gpu_check_runs_only_commands_its_scripts_accept(tmp_path):
+    """scripts/gpu_check.sh (what a short GPU lease runs, where a typo costs the lease): run
+    with a stand-in python (records its arguments) and a stand-in ncu (records, then runs
+    the program it wraps), every step and every script call parses with that script's own
+    argument parser (as on a CUDA machine); the steps keep running past a failing one."""
+    import importlib
+    import shlex
+    import subprocess
+
+    log = tmp_path / "calls.log"
+    py = tmp_path / "python"
+    py.write_text(f'#!/bin/sh\necho "$*" >> {log}\n')
+    ncu = tmp_path / "ncu"
+    ncu.write_text(f'#!/bin/bash\necho "ncu $*" >> {log}\n'
+                   'while [[ $# -gt 0 && "$1" != "$PYTHON" ]]; do shift; done\nexec "$@"\n')
+    for f in (py, ncu):
+        f.chmod(0o755)
+    env = {"PATH": f"{tmp_path}:/usr/bin:/bin", "PYTHON": str(py),
+           "STEPS": "env moe tests profile ncu train sweeps"}
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run(["bash", "scripts/gpu_check.sh", str(tmp_path / "out")], cwd=root,
+                         env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    steps = re.findall(r"=== (\w+): exit (\d+)", (tmp_path / "out" / "gpu_check.log").read_text())
+    assert [s for s, _ in steps] == ["env", "moe", "tests", "profile", "ncu", "train", "sweeps"]
+    calls = [shlex.split(line) for line in log.read_text().splitlines()]
+    scripts = {}
+    for call in calls:
+        if call[0].startswith("scripts/"):
+            scripts.setdefault(Path(call[0]).stem, []).append(call[1:])
+    assert sorted(scripts) == ["bench_moe", "bench_train", "ncu_table", "profile_moe"]
+    assert ["-m", "pytest"] == next(c for c in calls if c[0] == "-m")[:2]
+    ncu_call = next(c for c in calls if c[0] == "ncu")
+    assert {"--profile-from-start", "--csv"} <= set(ncu_call)
+    assert scripts["profile_moe"][-1][-1] == "--ncu"
+    for name, arg_lists in scripts.items():
+        module = importlib.import_module(f"scripts.{name}")
+        for args in arg_lists:
+            device = ["--device", "cuda"] if name in ("bench_moe", "bench_train") else []
+            module.parse_args([*args, *device])  # argparse's SystemExit fails the test
