@@ -48,6 +48,8 @@ def shifted_view(bd_HBTP: torch.Tensor) -> torch.Tensor:
     after). Entries with j > M + i read the next row or the spare column; the mask removes
     them. (The usual pad-and-reshape shift makes two copies of the layer's largest tensor.)"""
     H, B, T, P = bd_HBTP.shape
+    if not bd_HBTP.is_contiguous():  # the strides below assume the dense layout
+        raise ValueError("shifted_view needs contiguous [H, B, T, L + 1] scores")
     return bd_HBTP.as_strided((B, H, T, P - 1), (T * P, B * T * P, P - 1, 1),
                               bd_HBTP.storage_offset() + T - 1)
 

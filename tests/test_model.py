@@ -77,6 +77,8 @@ def test_shifted_view_maps_offsets_to_key_positions(T, M):
     for b, h, i in itertools.product(range(B), range(H), range(T)):
         for j in range(M + i + 1):
             assert out[b, h, i, j] == bd[h, b, i, j + T - 1 - i]
+    with pytest.raises(ValueError, match="contiguous"):
+        shifted_view(bd.transpose(0, 1))
 
 
 @pytest.mark.parametrize("T, M", [(3, 2), (4, 0), (1, 3)])
