@@ -77,24 +77,35 @@ def resolve_backend(backend: str, x_TD: torch.Tensor, w1_EDG: torch.Tensor,
     return backend
 
 
+def _topk_problem(s_TE: torch.Tensor) -> str | None:
+    if s_TE.dim() != 2:
+        return "s_TE must be [T, E]"
+    return backend_problem("triton", s_TE, s_TE)  # (its w1 matters to grouped_mm only)
+
+
 def topk(s_TE: torch.Tensor, k: int, backend: str = "auto"):
     """(values_TK, ids_TK) = torch.topk(s_TE, k, dim=-1): the K largest per row, largest
-    first. backend "auto": the Triton kernel on CUDA, else torch.topk; "triton" (also under
-    TRITON_INTERPRET=1) or "torch". The values are gathered from s, so gradients flow."""
+    first. backend "auto": the Triton kernel on CUDA where it can run, else torch.topk;
+    "triton" (also under TRITON_INTERPRET=1) or "torch". The values are gathered from s,
+    so gradients flow."""
     if not 1 <= k <= s_TE.shape[-1]:
         raise ValueError(f"top-k: k={k} must be in [1, {s_TE.shape[-1]}] (the number of experts)")
     if backend == "auto":
-        backend = "triton" if s_TE.is_cuda and HAS_TRITON else "torch"
+        backend = "triton" if s_TE.is_cuda and _topk_problem(s_TE) is None else "torch"
     if backend == "torch":
         return s_TE.topk(k, dim=-1)
     if backend != "triton":
         raise ValueError(f"top-k backend {backend!r}: choose auto, triton or torch")
-    problem = ("s_TE must be [T, E]" if s_TE.dim() != 2
-               else backend_problem("triton", s_TE, s_TE))  # (w1 matters to grouped_mm only)
-    if problem is not None:
+    if (problem := _topk_problem(s_TE)) is not None:
         raise ValueError(f"top-k backend 'triton' cannot run on these inputs: {problem}")
     ids_TK = topk_ids(s_TE, k)
     return s_TE.gather(-1, ids_TK), ids_TK
+
+
+def selection_backend(moe_backend: str) -> str:
+    """The `topk` backend that goes with a `moe_mlp` backend: the plain ones (torch,
+    reference) select with torch.topk too, the others with the Triton kernel on CUDA."""
+    return "torch" if moe_backend in ("torch", "reference") else "auto"
 
 
 def _compute_dtype(x_TD: torch.Tensor) -> torch.dtype:
@@ -165,5 +176,5 @@ def moe_mlp(x_TD, expert_TK, gate_TK, w1_EDG, w2_EGD, hidden_dropout=0.0, traini
 
 __all__ = [
     "BACKENDS", "HAS_TRITON", "Routing", "backend_problem", "check_inputs", "make_routing",
-    "moe_mlp", "moe_mlp_reference", "resolve_backend", "topk",
+    "moe_mlp", "moe_mlp_reference", "resolve_backend", "selection_backend", "topk",
 ]

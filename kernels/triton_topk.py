@@ -1,7 +1,7 @@
 """Expert selection's top-K in one Triton kernel (paper Eq. `moe_out`: E_x = argtopk(s, K)).
 
     expert_TK[t] = the K largest s[t, :], largest first; ties to the lower expert id,
-    NaN ranks above everything (as torch.topk)
+    NaN ranks above everything, +inf included (as torch.topk)
 
 The rows are short (E = 8-512 experts) and many (32768 tokens): torch.topk sorts each row's
 K results in a second kernel and took 79 us of the fused layer's 1275 (H200, bf16, T 32768,
@@ -9,6 +9,8 @@ E 32, K 4), where reading s takes ~1 us. Here a program holds BLOCK_T whole rows
 registers and takes K maxima. Only the ids come from the kernel: the caller gathers the
 gates from s, so autograd (the gather's backward) needs no kernel of its own.
 """
+import contextlib
+
 import torch
 import triton
 import triton.language as tl
@@ -24,12 +26,15 @@ def topk_kernel(s_ptr, idx_ptr, T, E, stride_t, stride_e,
     col_ok = cols < E
     s = tl.load(s_ptr + rows[:, None].to(tl.int64) * stride_t + cols[None, :] * stride_e,
                 mask=row_ok[:, None] & col_ok[None, :], other=float("-inf")).to(tl.float32)
-    s = tl.where(s != s, float("inf"), s)  # NaN first, as torch.topk ranks it
+    nan = s != s
     # a chosen -inf is still the max of what is left: mark taken ids instead of overwriting
     free = col_ok[None, :] & (rows[:, None] >= 0)  # [BLOCK_T, E_P2]
-    for k in tl.static_range(K):
-        best = tl.max(tl.where(free, s, float("-inf")), 1)
-        hit = free & (s == best[:, None])
+    for k in range(K):
+        # NaN ranks above everything (+inf included), as in torch.topk
+        free_nan = free & nan
+        has_nan = tl.max(free_nan.to(tl.int32), 1) > 0
+        best = tl.max(tl.where(free & ~nan, s, float("-inf")), 1)
+        hit = tl.where(has_nan[:, None], free_nan, free & (s == best[:, None]))
         idx = tl.min(tl.where(hit, cols[None, :], E_P2), 1)
         tl.store(idx_ptr + rows.to(tl.int64) * K + k, idx.to(tl.int64), mask=row_ok)
         free = free & (cols[None, :] != idx[:, None])
@@ -43,14 +48,20 @@ def _block_t(e_p2: int) -> int:
 @torch.library.custom_op("sigma_moe::topk_ids", mutates_args=())
 def topk_ids(s_TE: Tensor, k: int) -> Tensor:
     """int64 [T, K]: the ids of the K largest entries of each row, largest first."""
+    if s_TE.dim() != 2 or not 1 <= k <= s_TE.shape[1]:
+        raise ValueError(f"topk_ids: needs s_TE [T, E] and 1 <= k <= E, got {list(s_TE.shape)} "
+                         f"and k={k}")
     T, E = s_TE.shape
     idx_TK = torch.empty(T, k, dtype=torch.int64, device=s_TE.device)
     if T == 0:
         return idx_TK
     e_p2 = triton.next_power_of_2(E)
     block_t = _block_t(e_p2)
-    topk_kernel[(triton.cdiv(T, block_t),)](s_TE, idx_TK, T, E, s_TE.stride(0), s_TE.stride(1),
-                                            K=k, E_P2=e_p2, BLOCK_T=block_t)
+    # Triton launches on the current device, not on the tensors' (kernels/triton_launch.py)
+    with torch.cuda.device(s_TE.device) if s_TE.is_cuda else contextlib.nullcontext():
+        topk_kernel[(triton.cdiv(T, block_t),)](s_TE, idx_TK, T, E, s_TE.stride(0),
+                                                s_TE.stride(1), K=k, E_P2=e_p2,
+                                                BLOCK_T=block_t)
     return idx_TK
 
 

@@ -125,7 +125,7 @@ def make_layers(c: dict, T: int, K: int, device: str, dtype: torch.dtype, backen
 
     def moe(backend):
         # the sigma-MoE selection as models/ffn/experts.py makes it (Triton top-K on CUDA)
-        select = "torch" if backend in ("torch", "reference") else "auto"
+        select = kernels.selection_backend(backend)
 
         def forward():
             gate, expert = kernels.topk(torch.sigmoid(x @ w3.T), K, backend=select)

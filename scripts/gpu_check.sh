@@ -48,7 +48,8 @@ run profile "${PROFILE_LIMIT:-60}" "$py" scripts/profile_moe.py --out "$out/prof
 run ncu "${NCU_LIMIT:-120}" bash -c "command -v ncu >/dev/null || { echo 'no ncu here: skipped'; \
 exit 0; }; ncu --profile-from-start off --clock-control none --section SpeedOfLight \
 --section MemoryWorkloadAnalysis --section Occupancy --section WarpStateStats --section LaunchStats \
---csv --page raw --log-file '$out/ncu.csv' $py scripts/profile_moe.py --backends triton --ncu \
+--print-units base --csv --page raw --log-file '$out/ncu.csv' \
+$py scripts/profile_moe.py --backends triton --ncu \
 && $py scripts/ncu_table.py '$out/ncu.csv' --out '$out/ncu.json'"
 run train "${TRAIN_LIMIT:-120}" "$py" scripts/bench_train.py --reps 5 --profile 12 \
   --out "$out/train.json"

@@ -21,72 +21,81 @@ import json
 import sys
 from pathlib import Path
 
-# (column header, ncu raw metric); a metric this ncu did not collect prints as "-"
+# (column header, ncu raw metric names: the first this ncu collected); missing prints "-"
 COLUMNS = [
-    ("us", "gpu__time_duration.sum"),
-    ("DRAM %", "dram__throughput.avg.pct_of_peak_sustained_elapsed"),
-    ("SM %", "sm__throughput.avg.pct_of_peak_sustained_elapsed"),
-    ("L2 hit %", "lts__t_sector_hit_rate.pct"),
-    ("occup %", "sm__warps_active.avg.pct_of_peak_sustained_active"),
-    ("regs", "launch__registers_per_thread"),
-    ("grid", "launch__grid_size"),
-    ("threads", "launch__block_size"),
+    ("us", ("gpu__time_duration.sum",)),
+    ("DRAM %", ("dram__throughput.avg.pct_of_peak_sustained_elapsed",
+                "gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed")),
+    ("SM %", ("sm__throughput.avg.pct_of_peak_sustained_elapsed",)),
+    ("L2 hit %", ("lts__t_sector_hit_rate.pct",)),
+    ("occup %", ("sm__warps_active.avg.pct_of_peak_sustained_active",)),
+    ("regs", ("launch__registers_per_thread",)),
+    ("grid", ("launch__grid_size",)),
+    ("threads", ("launch__block_size",)),
 ]
 # stall reasons, in cycles per issued instruction (WarpStateStats)
 STALLS = ["long_scoreboard", "barrier", "lg_throttle", "mio_throttle", "short_scoreboard",
           "wait", "math_pipe_throttle", "not_selected", "selected"]
 STALL_METRIC = "smsp__average_warps_issue_stalled_{}_per_issue_active.ratio"
-ID_COLUMNS = ("ID", "Kernel Name", "Block Size", "Grid Size")
+TO_US = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3,
+         "s": 1e6, "second": 1e6}
 
 
-def _number(text: str) -> float | str:
+def _number(text: str) -> float | int | str:
     try:
-        return float(text.replace(",", ""))
+        value = float(text.replace(",", ""))
     except ValueError:
         return text
+    return int(value) if value.is_integer() and "." not in text else value
 
 
 def parse(text: str) -> list[dict]:
     """ncu's raw CSV (lines of its own log interleaved) -> per launch {"id", "kernel",
-    "metrics": {name: value}, "units": {name: unit}}; times in microseconds."""
+    "info": the descriptive columns, "metrics": {name: value}, "units": {name: unit}};
+    times in microseconds. Metric columns are the ones named like ncu metrics (a "__")."""
     lines = [ln for ln in text.splitlines() if ln.startswith('"')]
     if not lines:
         raise ValueError("no CSV rows: was ncu run with --csv --page raw, and did it profile "
                          "anything (--profile-from-start off needs the program's "
                          "cudaProfilerStart, profile_moe.py --ncu)?")
     rows = list(csv.reader(lines))
-    header, units, data = rows[0], rows[1], rows[2:]
-    if "Kernel Name" not in header:
+    header = rows[0]
+    if "Kernel Name" not in header or "ID" not in header:
         raise ValueError(f"not ncu's raw page (columns: {header[:6]} ...)")
+    # the row of units has no launch ID (ncu writes one after the header)
+    has_units = len(rows) > 1 and rows[1][header.index("ID")] == ""
+    units = rows[1] if has_units else [""] * len(header)
     launches = []
-    for row in data:
-        cells = dict(zip(header, row))
-        metrics, unit_of = {}, {}
+    for row in rows[1 + has_units:]:
+        info, metrics, unit_of = {}, {}, {}
         for name, unit, value in zip(header, units, row):
-            if name in ID_COLUMNS or not value:
-                continue
-            metrics[name], unit_of[name] = _number(value), unit
-        t = "gpu__time_duration.sum"  # to microseconds, whatever unit this ncu chose
-        if isinstance(metrics.get(t), float):
-            scale = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3,
-                     "msecond": 1e3}.get(unit_of[t])
-            if scale is not None:
-                metrics[t], unit_of[t] = metrics[t] * scale, "us"
-        launches.append({"id": cells.get("ID"), "kernel": cells["Kernel Name"],
-                         "metrics": metrics, "units": unit_of})
+            if "__" not in name:
+                info[name] = value
+            elif value:
+                metrics[name], unit_of[name] = _number(value), unit
+        t = "gpu__time_duration.sum"
+        if isinstance(metrics.get(t), (int, float)) and unit_of[t] in TO_US:
+            metrics[t], unit_of[t] = metrics[t] * TO_US[unit_of[t]], "us"
+        launches.append({"id": info.get("ID"), "kernel": info.get("Kernel Name", "?"),
+                         "info": info, "metrics": metrics, "units": unit_of})
     return launches
+
+
+def _pick(metrics: dict, names: tuple[str, ...]):
+    return next((metrics[n] for n in names if n in metrics), None)
 
 
 def table(launches: list[dict]) -> str:
     def cell(v):
         return f"{v:.1f}" if isinstance(v, float) else ("-" if v is None else str(v))
 
-    head = ["kernel", *[c for c, _ in COLUMNS], *(f"st:{s}" for s in STALLS)]
-    body = [[ln["kernel"][:32], *(cell(ln["metrics"].get(m)) for _, m in COLUMNS),
+    head = ["id", "kernel", *[c for c, _ in COLUMNS], *(f"st:{s}" for s in STALLS)]
+    body = [[str(ln["id"]), ln["kernel"][:40],
+             *(cell(_pick(ln["metrics"], names)) for _, names in COLUMNS),
              *(cell(ln["metrics"].get(STALL_METRIC.format(s))) for s in STALLS)]
             for ln in launches]
     widths = [max(len(r[i]) for r in [head, *body]) for i in range(len(head))]
-    return "\n".join("  ".join(v.rjust(w) if i else v.ljust(w)
+    return "\n".join("  ".join(v.ljust(w) if i == 1 else v.rjust(w)
                                for i, (v, w) in enumerate(zip(r, widths)))
                      for r in [head, *body])
 

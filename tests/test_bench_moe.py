@@ -264,12 +264,17 @@ def test_ncu_table_reads_the_raw_csv_among_ncu_log_lines(tmp_path, capsys):
     assert scatter["metrics"]["gpu__time_duration.sum"] == pytest.approx(70.464)
     assert scatter["metrics"]["dram__throughput.avg.pct_of_peak_sustained_elapsed"] == 41.87
     assert "dram__throughput.avg.pct_of_peak_sustained_elapsed" not in topk["metrics"]
+    assert scatter["info"]["Block Size"] == "(256, 1, 1)"
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].split()[:3] == ["kernel", "us", "DRAM"]
-    assert lines[1].split()[:4] == ["scatter_mm_kernel", "70.5", "41.9", "-"]  # no SM counter
-    assert lines[2].split()[:3] == ["topk_kernel", "3.1", "-"]
+    assert lines[0].split()[:4] == ["id", "kernel", "us", "DRAM"]
+    # no SM counter collected: "-"; counts stay integers
+    assert lines[1].split()[:7] == ["0", "scatter_mm_kernel", "70.5", "41.9", "-", "-", "-"]
+    assert lines[1].split()[7] == "128"
+    assert lines[2].split()[:4] == ["1", "topk_kernel", "3.1", "-"]
     assert json.loads((tmp_path / "ncu.json").read_text())[1]["metrics"][
         "launch__registers_per_thread"] == 40
+    no_units = "\n".join(ln for ln in NCU_CSV.splitlines() if not ln.startswith('"",'))
+    assert len(ncu_table.parse(no_units)) == 2  # a units row is not taken for granted
     path.write_text("==PROF== No kernels were profiled.\n")
     with pytest.raises(SystemExit, match="no CSV rows: was ncu run with --csv --page raw"):
         ncu_table.main([str(path)])

@@ -17,7 +17,7 @@ import torch
 import torch.nn as nn
 
 from framework.config import ConfigError, check_probability
-from kernels import BACKENDS, moe_mlp, topk
+from kernels import BACKENDS, moe_mlp, selection_backend, topk
 from models.ffn.base import FFN
 
 
@@ -95,8 +95,7 @@ class ExpertsFFN(FFN):
     def topk(self, s_TE: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(values_TK, ids_TK) of the K largest scores: kernels.topk, whose Triton kernel
         runs on CUDA unless the plain paths were asked for."""
-        plain = self.cfg.backend in ("torch", "reference")
-        return topk(s_TE, self.cfg.k, backend="torch" if plain else "auto")
+        return topk(s_TE, self.cfg.k, backend=selection_backend(self.cfg.backend))
 
     def forward(self, x_BTD: torch.Tensor) -> torch.Tensor:
         x_TD = x_BTD.reshape(-1, x_BTD.shape[-1])

@@ -80,7 +80,7 @@ class SBaseMoE(ExpertsFFN):
         keep_TE = expert_dropout_mask(logits_TE, cfg.expert_dropout, self.training)
         if keep_TE is not None:
             rank_TE = rank_TE.masked_fill(~keep_TE, float("-inf"))
-        expert_TK = rank_TE.topk(cfg.k, dim=-1).indices
+        expert_TK = self.topk(rank_TE)[1]
         gate_TK = torch.sigmoid(logits_TE.gather(-1, expert_TK))
         if keep_TE is not None:
             # a row with fewer than K kept experts still picks dropped ones: weight 0
