@@ -77,12 +77,16 @@ MM_CONFIGS = [
 # every tile also reads and writes its output rows (the earlier slots' sums): few stages and
 # small tiles leave room for more programs per SM, whose reads overlap each other; EARLY_Y
 # reads the sums before the product (H200, first measurements: 128x128x32 / 4 warps / 4
-# stages took 71 us a slot, 2.3x its memory time; 128x128x64 / 8 / 3 with EARLY_Y 79 us)
+# stages took 71 us a slot, 2.3x its memory time; 128x128x64 / 8 / 3 with EARLY_Y 79 us;
+# run 3 chose 64x256x64 / 8 / 2 with EARLY_Y, 70 us, at 176 registers a thread (ptxas,
+# `python -m kernels.triton_aot --all-configs --spills`): one block, 8 warps, an SM. 64x64x64
+# / 4 / 2 needs 96 (EARLY_Y) and 32 KB: five blocks, 20 warps, more output reads in flight.
 SCATTER_CONFIGS = [
     _cfg(128, 128, 32, 4, 4), _cfg(128, 128, 64, 8, 3, EARLY_Y=True),
     _cfg(64, 128, 64, 4, 2), _cfg(64, 128, 64, 4, 2, EARLY_Y=True),
     _cfg(128, 64, 64, 4, 2), _cfg(128, 64, 64, 4, 2, EARLY_Y=True),
     _cfg(128, 128, 64, 8, 2), _cfg(64, 256, 64, 8, 2, EARLY_Y=True),
+    _cfg(64, 64, 64, 4, 2), _cfg(64, 64, 64, 4, 2, EARLY_Y=True),
 ]
 # output tile (M x N of one expert's dW) x rows walked per step; larger tiles read fewer
 # bytes per product from L2 (H200, first measurement: 128 x 128 reached a third of peak)
