@@ -41,6 +41,7 @@ run moe "${MOE_LIMIT:-200}" "$py" scripts/bench_moe.py --check --sweeps dmodel_g
   --backends triton triton_unfused grouped_mm --out "$out/moe.json"
 # the ahead-of-time compile tests need no GPU (CI runs them)
 run tests "${TESTS_LIMIT:-150}" "$py" -m pytest -q -p no:cacheprovider tests/test_kernels_triton.py \
+  tests/test_kernels_topk.py \
   -m "${TESTS_MARK:-not slow}" -k "not hopper and not smem_estimate and not spills"
 run profile "${PROFILE_LIMIT:-60}" "$py" scripts/profile_moe.py --out "$out/profile.json"
 # one forward+backward of the dense and the fused layer under ncu (the profile step filled

@@ -19,17 +19,15 @@ from kernels.testing import (
     reference_case,
     run_case,
 )
+from tests.triton_helpers import (
+    CUDA,
+    DEVICE,
+    TRITON_MARKS,
+    need_hopper_toolchain,
+    outside_interpreter,
+)
 
-CUDA = torch.cuda.is_available()
-# e.g. Triton 3.6 (torch 2.11's) with numpy 2.4: say so instead of 20 interpreter errors
-BROKEN_INTERPRETER = (kernels.HAS_TRITON and not CUDA and kernels.interpreter_problem()) or None
-pytestmark = [
-    pytest.mark.skipif(
-        not kernels.HAS_TRITON or not (CUDA or kernels.TRITON_INTERPRET),
-        reason="needs Triton and a GPU, or TRITON_INTERPRET=1 before kernels is imported"),
-    pytest.mark.skipif(BROKEN_INTERPRETER is not None, reason=str(BROKEN_INTERPRETER)),
-]
-DEVICE = "cuda" if CUDA else "cpu"
+pytestmark = TRITON_MARKS
 
 def _leaves(case, names):
     return [case[n].clone().requires_grad_() for n in names]
@@ -199,42 +197,12 @@ def test_compile_fullgraph_traces_triton_op():
         torch.testing.assert_close(g, r)
 
 
-def _outside_interpreter(*args: str) -> str:
-    """stdout of `python *args` in a process without TRITON_INTERPRET (real Triton)."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    out = subprocess.run([sys.executable, *args], env=env, text=True, capture_output=True,
-                         cwd=Path(kernels.__file__).parents[1])
-    assert out.returncode == 0, out.stderr[-3000:]
-    return out.stdout
-
-
-def _need_hopper_toolchain() -> None:
-    """Skip without ptxas or with a Triton older than kernels/triton_aot.py's compile API."""
-    import importlib.util
-    from pathlib import Path
-
-    import triton
-
-    from kernels.triton_aot import aot_problem
-
-    backend = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
-    if importlib.util.find_spec("triton.backends.nvidia") is None or not backend.exists():
-        pytest.skip("this Triton has no NVIDIA backend / ptxas")
-    if problem := aot_problem():
-        pytest.skip(problem)
-
-
 def _compile_for_hopper(*args: str) -> list[dict]:
     """Reports of `python -m kernels.triton_aot *args` (skips without ptxas / new Triton)."""
     import json
 
-    _need_hopper_toolchain()
-    stdout = _outside_interpreter("-m", "kernels.triton_aot", *args)
+    need_hopper_toolchain()
+    stdout = outside_interpreter("-m", "kernels.triton_aot", *args)
     return [json.loads(line) for line in stdout.splitlines()]
 
 
@@ -354,7 +322,7 @@ def test_gpu_autotuners_prune_and_cache():
 
     import triton
 
-    stdout = _outside_interpreter("-c", (
+    stdout = outside_interpreter("-c", (
         "import kernels.triton_launch as L\n"
         "for a in (L._gather_mm, L._scatter_mm, L._wgrad):\n"
         "    print(getattr(a, 'cache_results', False), a.early_config_prune.__name__)\n"))
@@ -441,78 +409,3 @@ def test_a_launch_makes_its_tensors_device_current(monkeypatch):
     assert launch(a, 3, scale=2) == (a, 3, 2) and made_current == [torch.device("cuda", 1)]
     launch(torch.zeros(1), 0)  # CPU tensors (the interpreter): no CUDA context
     assert len(made_current) == 1
-
-
-@pytest.mark.parametrize("T, E, K", [(1, 5, 1), (37, 32, 4), (300, 33, 8), (9, 8, 8)])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
-def test_topk_kernel_matches_torch_topk(T, E, K, dtype):
-    """The selection's Triton top-K: torch.topk's ids and values, largest first, on rows of
-    distinct values (odd T and E, K up to E), in every dtype, through a transposed view."""
-    g = torch.Generator().manual_seed(T * E + K)
-    # distinct in every dtype: a permutation of E representable values per row
-    s = torch.stack([torch.randperm(E, generator=g) for _ in range(T)]).to(dtype) / 4 - 3
-    s = s.to(DEVICE).t().contiguous().t()  # column-major: the kernel takes any strides
-    val, ids = kernels.topk(s, K, backend="triton")
-    want_val, want_ids = s.topk(K, dim=-1)
-    assert ids.dtype == torch.int64 and ids.shape == (T, K)
-    assert torch.equal(ids, want_ids) and torch.equal(val, want_val)
-
-
-def test_topk_kernel_ties_infinities_and_nan():
-    """Ties go to the lower id; -inf entries are still chosen when K needs them (once each);
-    NaN ranks first, above +inf, as in torch.topk; the gates' gradient reaches s at the
-    chosen ids."""
-    inf, nan = float("inf"), float("nan")
-    s = torch.tensor([[1.0, 2.0, 2.0, 0.0, 2.0],
-                      [-inf, 3.0, -inf, -inf, -inf],
-                      [0.5, nan, 9.0, -1.0, 0.0],
-                      [inf, 1.0, nan, 2.0, -inf],
-                      [nan, 1.0, nan, 2.0, -inf]], device=DEVICE, requires_grad=True)
-    val, ids = kernels.topk(s, 3, backend="triton")
-    assert ids.tolist() == [[1, 2, 4], [1, 0, 2], [1, 2, 0], [2, 0, 3], [0, 2, 3]]
-    assert torch.equal(ids[2:], s[2:].detach().cpu().topk(3).indices.to(ids.device))
-    val.nan_to_num(0.0, 0.0, 0.0).sum().backward()
-    chosen = torch.zeros(5, 5, dtype=torch.bool, device=DEVICE).scatter_(1, ids, True)
-    assert torch.equal(s.grad != 0, chosen & s.isfinite())
-
-
-def test_topk_rejects_k_beyond_the_experts_and_unknown_backends():
-    s = torch.randn(4, 3, device=DEVICE)
-    with pytest.raises(ValueError, match=r"k=4 must be in \[1, 3\]"):
-        kernels.topk(s, 4)
-    with pytest.raises(ValueError, match="choose auto, triton or torch"):
-        kernels.topk(s, 2, backend="cuda")
-    with pytest.raises(ValueError, match=r"must be \[T, E\]"):
-        kernels.topk(s[None], 2, backend="triton")
-    with pytest.raises(ValueError, match="1 <= k <= E"):  # the op alone checks too
-        torch.ops.sigma_moe.topk_ids(s, 4)
-    assert kernels.selection_backend("reference") == "torch"
-    assert kernels.selection_backend("grouped_mm") == "auto"
-    assert kernels.topk(s, 2, backend="auto")[1].device == s.device
-
-
-_COMPILE_TOPK = """
-import json, triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
-from kernels.triton_aot import ptxas_usage
-from kernels.triton_topk import _block_t, topk_kernel
-for dt, E, K in (("bf16", 8, 2), ("bf16", 32, 4), ("fp32", 33, 8), ("bf16", 512, 8)):
-    cex = {"K": K, "E_P2": triton.next_power_of_2(E), "stride_e": 1}
-    cex["BLOCK_T"] = _block_t(cex["E_P2"])
-    sig = {n: "constexpr" if n in cex else {"s_ptr": "*" + dt, "idx_ptr": "*i64"}.get(n, "i32")
-           for n in topk_kernel.arg_names}
-    c = triton.compile(ASTSource(topk_kernel, sig, cex, {}), target=GPUTarget("cuda", 90, 32),
-                       options={"num_warps": 4})
-    print(json.dumps(ptxas_usage(c.asm["ptx"], 90)))
-"""
-
-
-def test_topk_kernel_compiles_for_hopper_without_spills():
-    """Real Triton compiles the top-K kernel for sm_90 from 8 to 512 experts, with no
-    register spills (the rows stay in registers); measured: 40-181 registers a thread."""
-    import json
-
-    _need_hopper_toolchain()
-    reports = [json.loads(line) for line in _outside_interpreter("-c", _COMPILE_TOPK).splitlines()]
-    assert len(reports) == 4 and all(r["spill_bytes"] == 0 for r in reports), reports
