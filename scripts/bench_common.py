@@ -99,7 +99,7 @@ def parse_with_defaults(parser, argv, resolved, not_results
                   if k not in not_results and v != getattr(defaults, k)]
 
 
-def write_json(path: Path, out: dict) -> None:
+def write_json(path: Path, out: dict | list) -> None:
     """The results as indented JSON (folders made as needed), and a line saying where."""
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(out, indent=1) + "\n")

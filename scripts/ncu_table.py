@@ -11,15 +11,19 @@ programs in flight, or a precomputed tile table)?
 
     python scripts/ncu_table.py runs/gpu_check/ncu.csv --out runs/gpu_check/ncu.json
 
-Needs only the standard library (runs where ncu ran, or here on its CSV).
+Needs torch only for the JSON writer the benchmarks share (runs where ncu ran, or on its
+CSV anywhere).
 """
 from __future__ import annotations
 
 import argparse
 import csv
-import json
 import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from scripts.bench_common import write_json  # noqa: E402
 
 # (column header, ncu raw metric names: the first this ncu collected); missing prints "-"
 COLUMNS = [
@@ -118,9 +122,7 @@ def main(argv=None) -> list[dict]:
     print(table(launches))
     print("(stall columns: cycles per issued instruction; DRAM/SM %: of peak, elapsed)")
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(launches, indent=1))
-        print(f"wrote {args.out}")
+        write_json(args.out, launches)
     return launches
 
 
