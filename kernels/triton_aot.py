@@ -48,6 +48,10 @@ def variants(dt: str = "bf16", blocks: dict | None = None):
              "gh_ptr": dt}
     s_ptr = {"a_ptr": dt, "w_ptr": dt, "y_ptr": dt, "tok_ptr": "i32", "off_ptr": "i32",
              "scale_ptr": dt, "order_ptr": "i64"}
+    v_ptr = {**s_ptr, "tab_ptr": "i32", "need_ptr": "i32", "sync_ptr": "i32"}
+    del v_ptr["off_ptr"]
+    wave = {k: v for k, v in base.items() if k != "BLOCK_M"}
+    wave["BLOCK_M"], wave["WAIT"] = 64, True  # kernels/triton_wave.py: WAVE_BLOCK_M
     w_div = ["M", "N", "stride_am", "stride_bm", "stride_we", "stride_wm"]
     w_ptr = {"a_ptr": dt, "b_ptr": dt, "dw_ptr": dt, "tok_ptr": "i32", "off_ptr": "i32"}
     return [
@@ -67,6 +71,13 @@ def variants(dt: str = "bf16", blocks: dict | None = None):
         ("scatter_mm_kernel", {**base, **seg, "HAS_SCALE": False, "ACCUMULATE": False},
          ["stride_ak", "stride_wk", "stride_yn"],
          ["N", "KD", "stride_am", "stride_we", "stride_wn", "stride_ym"], s_ptr),
+        # the same two in one launch for all slots (kernels/triton_wave.py)
+        ("scatter_wave_kernel", {**wave, "HAS_SCALE": True},
+         ["stride_ak", "stride_wn", "stride_yn"],
+         ["N", "KD", "stride_am", "stride_we", "stride_wk", "stride_ym"], v_ptr),
+        ("scatter_wave_kernel", {**wave, "HAS_SCALE": False},
+         ["stride_ak", "stride_wk", "stride_yn"],
+         ["N", "KD", "stride_am", "stride_we", "stride_wn", "stride_ym"], v_ptr),
         # dW2 = (gate h)^T dy[tok]  and  dW1 = x[tok]^T d pre-ReLU
         ("wgrad_kernel", {**base, "GATHER_A": False, "GATHER_B": True},
          ["stride_ak", "stride_bn", "stride_wn"], w_div, w_ptr),
@@ -106,13 +117,13 @@ def compile_all(dt: str = "bf16", capability: int = 90, warps: int = 8, stages: 
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from kernels import triton_cvmm
+    from kernels import triton_cvmm, triton_wave
 
     target = GPUTarget("cuda", capability, 32)
     for name, cex, ones, div16, ptrs in variants(dt, blocks):
         if kernel is not None and name != kernel:
             continue
-        fn = getattr(triton_cvmm, name)
+        fn = getattr(triton_cvmm, name, None) or getattr(triton_wave, name)
         names = fn.arg_names
         defaults = {n: p.default for n, p in inspect.signature(fn.fn).parameters.items()
                     if p.default is not inspect.Parameter.empty}  # e.g. EARLY_Y
@@ -130,7 +141,28 @@ def compile_all(dt: str = "bf16", capability: int = 90, warps: int = 8, stages: 
                **(ptxas_usage(compiled.asm["ptx"], capability) if spills else {})}
 
 
-KERNELS = ["gather_mm_kernel", "scatter_mm_kernel", "wgrad_kernel"]
+def compile_table(groups: int, experts: int, capability: int = 90) -> dict:
+    """Shared memory, registers and spills of kernels/triton_wave.py's tile-table kernel
+    for `groups` (slots x token blocks) and `experts` lanes, as its launcher compiles it."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from kernels.triton_wave import WAVE_BLOCK_M, wave_table_kernel
+
+    names = wave_table_kernel.arg_names
+    cex = {"BLOCK_M": WAVE_BLOCK_M, "G_P2": groups, "E_P2": experts}
+    ptrs = [n for n in names if n.endswith("_ptr")]
+    sig = {n: "constexpr" if n in cex else ("*i32" if n in ptrs else "i32") for n in names}
+    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in ptrs}
+    compiled = triton.compile(ASTSource(wave_table_kernel, sig, cex, attrs),
+                              target=GPUTarget("cuda", capability, 32),
+                              options={"num_warps": 8, "num_stages": 1})
+    return {"shared_bytes": compiled.metadata.shared,
+            **ptxas_usage(compiled.asm["ptx"], capability)}
+
+
+KERNELS = ["gather_mm_kernel", "scatter_mm_kernel", "scatter_wave_kernel", "wgrad_kernel"]
 
 
 def main(argv=None) -> None:
@@ -166,12 +198,14 @@ def main(argv=None) -> None:
                 print(json.dumps(report), flush=True)
         return
     from kernels import triton_launch as tl
+    from kernels.triton_wave import WAVE_CONFIGS
 
+    autotuned = {**tl.AUTOTUNED_CONFIGS, "scatter_wave_kernel": WAVE_CONFIGS}
     elem = 4 if args.dtype.startswith("fp32") else 2
     # `fits`: whether the compiled kernel fits an H100; fitting_configs decides from `estimate`
     for name in args.kernels:
         wgrad = name == "wgrad_kernel"
-        configs = ([*tl.AUTOTUNED_CONFIGS[name], tl.SMALL_CONFIG]
+        configs = ([*autotuned[name], tl.SMALL_CONFIG]
                    if args.dtype != "fp32-ieee" else tl.IEEE_CONFIGS)
         for cfg in configs:
             for report in compile_all(args.dtype, warps=cfg.num_warps, stages=cfg.num_stages,
