@@ -106,6 +106,16 @@ def write_json(path: Path, out: dict | list) -> None:
     print(f"wrote {path}")
 
 
+def use_scatter(schedule: str) -> str:
+    """Run the Triton scatter kernels' K slots as `schedule` ("slots": a launch each, "wave":
+    one launch, kernels/triton_wave.py), where Triton is importable. -> the schedule."""
+    import kernels
+
+    if kernels.HAS_TRITON:
+        kernels.triton_ops.set_scatter(schedule)
+    return schedule
+
+
 def out_path(name: str, changed: list[str]) -> Path:
     """benchmarks/NAME for a run with the device's defaults, which the committed results come
     from; runs/bench/NAME (git-ignored) for any other, so that a quick run cannot overwrite

@@ -46,6 +46,7 @@ from scripts.bench_common import (  # noqa: E402
     parse_with_defaults,
     sync,
     time_all,
+    use_scatter,
     write_json,
 )
 from scripts.bench_roofline import bytes_moved, device_peaks, flops  # noqa: E402
@@ -291,6 +292,9 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--peak-tflops", type=float, help="override the device's peak TFLOP/s")
     p.add_argument("--peak-gbps", type=float, help="override the device's peak GB/s")
     p.add_argument("--check", action="store_true", help="verify every backend first")
+    p.add_argument("--scatter", choices=["slots", "wave"], default="slots",
+                   help="how the Triton scatter kernels run the K slots: one launch each, or "
+                        "one launch for all (kernels/triton_wave.py; default slots)")
     p.add_argument("--graphs", action=argparse.BooleanOptionalAction, default=True,
                    help="cuda: also time CUDA-graph replays of the layers without a host sync "
                         "(the GPU time without Python's launch costs; default on)")
@@ -321,6 +325,7 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, list[str]]:
 
 def main(argv=None) -> dict:
     args, changed = parse_args(argv)
+    use_scatter(args.scatter)
     cuda = args.device == "cuda"
     all_sweeps = sweeps(args.device)
     dtype = DTYPES[args.dtype]
@@ -338,7 +343,7 @@ def main(argv=None) -> dict:
     out = {"device": peaks["device"], "torch": torch.__version__, "dtype": str(dtype),
            "triton": getattr(sys.modules.get("triton"), "__version__", None),
            "threads": torch.get_num_threads(), "peaks": peaks, "skipped": skipped,
-           "sweeps": {}}
+           "scatter": args.scatter, "sweeps": {}}
     path = args.out or out_path(f"moe_{device_slug(peaks['device'])}.json", changed)
     stem, out_dir = path.stem, path.parent
     out_dir.mkdir(parents=True, exist_ok=True)

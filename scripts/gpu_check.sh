@@ -9,15 +9,15 @@
 # Output: OUT/gpu_check.log (every step's output) and the JSON (and figures) of each step.
 #
 #   bash scripts/gpu_check.sh [OUT]          # OUT: default $OUT, else runs/gpu_check
-#   STEPS="moe profile" bash scripts/gpu_check.sh   # a subset: env moe tests profile ncu train
+#   STEPS="moe profile" bash scripts/gpu_check.sh   # a subset: env moe tests profile wave ncu train
 #   STEPS=sweeps bash scripts/gpu_check.sh         # the paper's four other benchmark figures
-# Each step's limit in seconds: MOE_LIMIT, TESTS_LIMIT, PROFILE_LIMIT, NCU_LIMIT, TRAIN_LIMIT,
-# SWEEPS_LIMIT;
+# Each step's limit in seconds: MOE_LIMIT, TESTS_LIMIT, PROFILE_LIMIT, WAVE_LIMIT, NCU_LIMIT,
+# TRAIN_LIMIT, SWEEPS_LIMIT;
 # TESTS_MARK=gpu runs the `gpu` tests only.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-${OUT:-runs/gpu_check}}
-steps=${STEPS:-env moe tests profile ncu train}
+steps=${STEPS:-env moe tests profile wave ncu train}
 py=${PYTHON:-python3}
 export PYTHONUNBUFFERED=1
 mkdir -p "$out"
@@ -41,9 +41,16 @@ run moe "${MOE_LIMIT:-200}" "$py" scripts/bench_moe.py --check --sweeps dmodel_g
   --backends triton triton_unfused grouped_mm --out "$out/moe.json"
 # the ahead-of-time compile tests need no GPU (CI runs them)
 run tests "${TESTS_LIMIT:-150}" "$py" -m pytest -q -p no:cacheprovider tests/test_kernels_triton.py \
-  tests/test_kernels_topk.py \
+  tests/test_kernels_topk.py tests/test_kernels_wave.py \
   -m "${TESTS_MARK:-not slow}" -k "not hopper and not smem_estimate and not spills"
 run profile "${PROFILE_LIMIT:-60}" "$py" scripts/profile_moe.py --out "$out/profile.json"
+# the one-launch scatter (kernels/triton_wave.py; its GPU test ran in the tests step): the
+# scatters alone against the per-slot launches for several token blocks, then the target
+# case checked and judged with it, and its kernels profiled (against the profile above)
+run wave "${WAVE_LIMIT:-150}" bash -c "$py scripts/bench_scatter.py --out '$out/scatter.json'; \
+$py scripts/bench_moe.py --check --sweeps --backends triton --scatter wave \
+--out '$out/moe_wave.json' && $py scripts/profile_moe.py --backends triton --scatter wave \
+--out '$out/profile_wave.json'"
 # one forward+backward of the dense and the fused layer under ncu (the profile step filled
 # Triton's autotune cache: no tuning runs under it), then the counters as a table
 run ncu "${NCU_LIMIT:-120}" bash -c "command -v ncu >/dev/null || { echo 'no ncu here: skipped'; \

@@ -33,6 +33,7 @@ from scripts.bench_common import (  # noqa: E402
     device_slug,
     kernel_table,
     sync,
+    use_scatter,
     write_json,
 )
 from scripts.bench_moe import (  # noqa: E402
@@ -68,12 +69,13 @@ def host_and_graph_ms(layer_name: str, fn, reps: int) -> dict[str, float | None]
 def autotuned() -> dict[str, dict[str, str]]:
     """The block sizes each Triton autotuner chose, by its key (shapes, dtypes, variant)."""
     try:
-        from kernels import triton_launch
+        from kernels import triton_launch, triton_wave
     except ImportError:
         return {}
     out = {}
-    for name in ("_gather_mm", "_scatter_mm", "_wgrad"):
-        tuner = getattr(triton_launch, name)
+    for module, name in ((triton_launch, "_gather_mm"), (triton_launch, "_scatter_mm"),
+                         (triton_launch, "_wgrad"), (triton_wave, "_scatter_wave")):
+        tuner = getattr(module, name)
         out[name] = {str(k): str(v) for k, v in getattr(tuner, "cache", {}).items()}
     return out
 
@@ -90,6 +92,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--backends", nargs="+", choices=BACKENDS,
                    default=["triton", "triton_unfused", "grouped_mm"])
     p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--scatter", choices=["slots", "wave"], default="slots",
+                   help="how the Triton scatter kernels run the K slots: one launch each, or "
+                        "one launch for all (kernels/triton_wave.py; default slots)")
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--top", type=int, default=12, help="kernels printed per layer")
     p.add_argument("--out", type=Path, help="JSON path (default runs/bench/profile_<gpu>.json)")
@@ -110,7 +115,8 @@ def main(argv=None) -> dict:
     layers = make_layers(c, args.tokens, args.k, "cuda", DTYPES[args.dtype], args.backends)
     name = torch.cuda.get_device_name()
     out = {"device": name, "torch": torch.__version__, "dtype": args.dtype, "case": c,
-           "tokens": args.tokens, "k": args.k, "layers": {}}
+           "tokens": args.tokens, "k": args.k, "scatter": use_scatter(args.scatter),
+           "layers": {}}
     for layer, fn in layers.items():
         for _ in range(args.warmup):  # autotuning and compiles stay out of the profile
             fn()

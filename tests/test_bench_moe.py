@@ -74,6 +74,7 @@ def test_check_refuses_to_time_a_wrong_backend(monkeypatch, capsys):
     (["--k", "2", "--warmup", "0", "--reps", "5"], ["--k", "--warmup", "--reps"]),
     (["--dtype", "bf16", "--no-target"], ["--dtype", "--no-target"]),
     (["--peak-tflops", "1", "--peak-gbps", "1"], ["--peak-tflops", "--peak-gbps"]),
+    (["--scatter", "wave"], ["--scatter"]),
 ])
 def test_flags_that_change_the_results(argv, changed):
     assert bench_moe.parse_args(["--device", "cpu", *argv])[1] == changed
@@ -298,19 +299,21 @@ def test_gpu_check_runs_only_commands_its_scripts_accept(tmp_path):
     for f in (py, ncu):
         f.chmod(0o755)
     env = {"PATH": f"{tmp_path}:/usr/bin:/bin", "PYTHON": str(py),
-           "STEPS": "env moe tests profile ncu train sweeps"}
+           "STEPS": "env moe tests profile wave ncu train sweeps"}
     root = Path(__file__).resolve().parents[1]
     out = subprocess.run(["bash", "scripts/gpu_check.sh", str(tmp_path / "out")], cwd=root,
                          env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     steps = re.findall(r"=== (\w+): exit (\d+)", (tmp_path / "out" / "gpu_check.log").read_text())
-    assert [s for s, _ in steps] == ["env", "moe", "tests", "profile", "ncu", "train", "sweeps"]
+    assert [s for s, _ in steps] == ["env", "moe", "tests", "profile", "wave", "ncu", "train",
+                                     "sweeps"]
     calls = [shlex.split(line) for line in log.read_text().splitlines()]
     scripts = {}
     for call in calls:
         if call[0].startswith("scripts/"):
             scripts.setdefault(Path(call[0]).stem, []).append(call[1:])
-    assert sorted(scripts) == ["bench_moe", "bench_train", "ncu_table", "profile_moe"]
+    assert sorted(scripts) == ["bench_moe", "bench_scatter", "bench_train", "ncu_table",
+                               "profile_moe"]
     assert ["-m", "pytest"] == next(c for c in calls if c[0] == "-m")[:2]
     ncu_call = next(c for c in calls if c[0] == "ncu")
     assert {"--profile-from-start", "--csv"} <= set(ncu_call)

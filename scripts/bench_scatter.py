@@ -1,0 +1,146 @@
+"""The slot-ordered scatter alone (paper Eq. `moe_out`'s sum over the K experts of a token):
+K launches (kernels/triton_launch.py `scatter_mm`) against one wave launch
+(kernels/triton_wave.py) for several numbers of token blocks.
+
+    python scripts/bench_scatter.py                      # GPU: issue 4's target case, bf16
+    python scripts/bench_scatter.py --blocks 4 8 16 --tokens 65536
+
+Both scatters of the fused layer: `fwd` (y = sum_k gate * h W2) and `dx` (sum_k dz W1^T,
+W1 read transposed). Per variant: eager and CUDA-graph milliseconds (median of interleaved
+rounds after warm-up), the graph time over the slot launches' in the same round, the
+DRAM-time floor of the slot launches' traffic (A once, Y written K times and read K - 1)
+and of the traffic an L2 that kept Y would leave (A once, Y written once), and the largest
+difference from the slot launches' result (relative to its largest entry). torch + triton
+only (no Hydra). JSON to runs/bench/scatter_<device>.json (or --out).
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from scripts.bench_common import (  # noqa: E402
+    DTYPES,
+    ROOT,
+    cuda_graph,
+    device_slug,
+    paired_ratio,
+    time_all,
+    write_json,
+)
+from scripts.bench_moe import GPU_TARGET  # noqa: E402
+from scripts.bench_roofline import PEAKS  # noqa: E402
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
+    p.add_argument("--tokens", type=int, default=GPU_TARGET["tokens"])
+    p.add_argument("--d-model", type=int, default=GPU_TARGET["d_model"])
+    p.add_argument("--n-experts", type=int, default=GPU_TARGET["n_experts"])
+    p.add_argument("--expert-size", type=int, default=GPU_TARGET["expert_size"])
+    p.add_argument("--k", type=int, default=GPU_TARGET["k"])
+    p.add_argument("--dtype", choices=list(DTYPES), default="bf16")
+    p.add_argument("--blocks", type=int, nargs="+",
+                   help="token blocks of the wave variants (default: 1, 2, 4, 16 and the "
+                        "launcher's own choice)")
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--reps", type=int, default=20)
+    p.add_argument("--out", type=Path, help="JSON path (default runs/bench/scatter_<gpu>.json)")
+    return p.parse_args(argv)
+
+
+def inputs(args, device):
+    """Uniform routing (K distinct experts a token) and the two scatters' operands."""
+    from kernels.routing import make_routing
+
+    T, D, E, G, K = args.tokens, args.d_model, args.n_experts, args.expert_size, args.k
+    dtype = DTYPES[args.dtype]
+    gen = torch.Generator(device).manual_seed(0)
+    expert_TK = torch.rand(T, E, generator=gen, device=device).argsort(-1)[:, :K]
+    routing = make_routing(expert_TK, E)
+    randn = lambda *s: torch.randn(*s, generator=gen, device=device, dtype=dtype)  # noqa: E731
+    gate = torch.rand(T * K, generator=gen, device=device).to(dtype)
+    w1_EDG, w2_EGD = randn(E, D, G) * D ** -0.5, randn(E, G, D) * G ** -0.5
+    kinds = {"fwd": (randn(T * K, G), w2_EGD, {"scale": gate, "order_R": routing.order_R}),
+             "dx": (randn(T * K, G), w1_EDG.transpose(1, 2), {})}
+    return routing, kinds
+
+
+def variants(args, routing, a, w, kw) -> dict:
+    from kernels.triton_launch import scatter_mm
+    from kernels.triton_wave import scatter_mm_wave, wave_blocks, wave_problem
+
+    T, E, K = args.tokens, args.n_experts, args.k
+    fns = {"slots": lambda: scatter_mm(a, w, routing.tok_R, routing.off_S, T, **kw)}
+    own = wave_blocks(T, E, K, w.shape[2], a.element_size())
+    for b in sorted(set(args.blocks or [1, 2, 4, 16, own])):
+        if problem := wave_problem(E, K, b):
+            print(f"skip wave B={b}: {problem}")
+            continue
+        name = f"wave B={b}" + (" (default)" if b == own else "")
+        fns[name] = (lambda b=b: scatter_mm_wave(a, w, routing.tok_R, routing.off_S, T,
+                                                 n_blocks=b, **kw))
+    return fns
+
+
+def graph_ms(fns: dict, reps: int) -> dict[str, list[float]]:
+    """CUDA-graph replays, interleaved round by round: the GPU time alone."""
+    graphs = {k: cuda_graph(fn) for k, fn in fns.items()}
+    return time_all({k: g.replay for k, g in graphs.items()}, "cuda", 1, reps)
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    from kernels import TRITON_INTERPRET
+
+    cuda = torch.cuda.is_available()
+    if not (cuda or TRITON_INTERPRET):
+        sys.exit("error: bench_scatter.py times Triton kernels: it needs a CUDA device "
+                 "(or TRITON_INTERPRET=1 and small --tokens, for a smoke test)")
+    device = "cuda" if cuda else "cpu"
+    name = torch.cuda.get_device_name() if cuda else "cpu (Triton interpreter)"
+    routing, kinds = inputs(args, device)
+    T, N, R, G = args.tokens, args.d_model, args.tokens * args.k, args.expert_size
+    elem = DTYPES[args.dtype].itemsize
+    bytes_slots = elem * (R * G + (2 * args.k - 1) * T * N)
+    bytes_l2 = elem * (R * G + T * N)
+    bw = next((b for frag, _, _, b in PEAKS if frag in name), None)
+    out = {"device": name, "torch": torch.__version__,
+           "triton": getattr(sys.modules.get("triton"), "__version__", None),
+           "dtype": args.dtype, "case": {k: getattr(args, k) for k in (
+               "tokens", "d_model", "n_experts", "expert_size", "k")},
+           "bytes_slots": bytes_slots, "bytes_l2": bytes_l2, "peak_bytes_s": bw, "results": []}
+    floor = (f"DRAM floor at {bw / 1e12:.1f} TB/s: slots {bytes_slots / bw * 1e3:.3f} ms, "
+             f"Y kept in L2 {bytes_l2 / bw * 1e3:.3f} ms") if bw else "no datasheet bandwidth"
+    print(f"{name}, {args.dtype}, T={T} N={N} E={args.n_experts} G={G} K={args.k}; {floor}")
+    print(f"{'scatter':6} {'variant':20} {'ms':>8} {'graph ms':>9} {'x slots':>8} {'rel diff':>9}")
+    for kind, (a, w, kw) in kinds.items():
+        fns = variants(args, routing, a, w, kw)
+        want = fns["slots"]()
+        diffs = {k: ((fn() - want).abs().max() / want.abs().max()).item()
+                 for k, fn in fns.items()}
+        eager = time_all(fns, device, args.warmup, args.reps)
+        graph = graph_ms(fns, args.reps) if cuda else None
+        for k in fns:
+            row = {"kind": kind, "variant": k, "ms_all": eager[k],
+                   "ms": statistics.median(eager[k]), "rel_diff": diffs[k]}
+            if graph:
+                row["graph_ms_all"] = graph[k]
+                row["graph_ms"] = statistics.median(graph[k])
+                row["graph_x_slots"], row["graph_x_slots_quartiles"] = paired_ratio(
+                    graph[k], graph["slots"])
+            out["results"].append(row)
+            g = (f"{row['graph_ms']:9.3f} {row['graph_x_slots']:8.3f}" if graph
+                 else f"{'-':>9} {'-':>8}")
+            print(f"{kind:6} {k:20} {row['ms']:8.3f} {g} {diffs[k]:9.2e}")
+    write_json(args.out or ROOT / "runs" / "bench" / f"scatter_{device_slug(name)}.json", out)
+    return out
+
+
+if __name__ == "__main__":
+    main()
