@@ -31,7 +31,7 @@ from kernels.triton_wave import scatter_mm_wave, wave_problem
 
 # how the scatter kernels run their K slots: "slots", one launch each (launch.scatter_mm),
 # or "wave", all in one launch (kernels/triton_wave.py: Y read back from L2, K - 1 fewer
-# launches). Same sums in the same order; "wave" is not yet measured on a GPU, hence opt-in:
+# launches). Same sums in the same order; "wave" is not yet run on a GPU, hence opt-in:
 # SIGMA_MOE_SCATTER=wave, or set_scatter("wave") (scripts' --scatter)
 SCATTERS = ("slots", "wave")
 SCATTER = "slots"
@@ -50,9 +50,11 @@ set_scatter(os.environ.get("SIGMA_MOE_SCATTER", "slots"))
 
 def _scatter_mm(a_RN, w_ENM, tok_R, off_S, n_tokens, scale=None, order_R=None):
     """Y[t] = sum over the K rows r of token t of scale_r * (A[r] @ W[e_r]), per `SCATTER`
-    (the per-slot launches where the wave's tile table cannot hold the routing)."""
+    (the per-slot launches for K = 1, one launch already, and where the wave's tile table
+    cannot hold the routing)."""
     E = w_ENM.shape[0]
-    wave = SCATTER == "wave" and wave_problem(E, launch._n_slots(off_S, E)) is None
+    K = launch._n_slots(off_S, E)
+    wave = SCATTER == "wave" and K > 1 and wave_problem(E, K) is None
     return (scatter_mm_wave if wave else launch.scatter_mm)(a_RN, w_ENM, tok_R, off_S, n_tokens,
                                                             scale, order_R)
 

@@ -126,6 +126,37 @@ def test_layer_with_wave_matches_reference(monkeypatch, backend):
     assert len(calls) == 2  # the forward's scatter and dx's
 
 
+def test_one_slot_keeps_its_single_launch(monkeypatch):
+    """K = 1 is one launch either way: no tile table is built for it."""
+    def no_wave(*args, **kwargs):
+        raise AssertionError("the wave launcher ran for K = 1")
+
+    monkeypatch.setattr(triton_ops, "SCATTER", "wave")
+    monkeypatch.setattr(triton_ops, "scatter_mm_wave", no_wave)
+    case = random_case(T=9, D=16, E=3, G=16, K=1, device=DEVICE)
+    assert_close(compare(run_case(case, "triton"), reference_case(case)), torch.float32)
+
+
+def test_wave_configs_keep_the_tables_block_m(monkeypatch):
+    """Only configs whose BLOCK_M is the table's reach the autotuner (another would add
+    rows twice or leave them unwritten), the fp32 FMA ones included."""
+    import kernels.triton_launch as L
+
+    monkeypatch.setattr(L, "max_shared_mem", lambda index: L.H100_SMEM)
+    monkeypatch.setattr(L, "AUTOTUNE", True)
+    monkeypatch.setattr(triton_wave, "WAVE_BLOCK_M", 64)  # the GPU's (the interpreter: 16)
+    a16 = {"a_ptr": torch.zeros(1, dtype=torch.bfloat16)}
+    configs = [*triton_wave.WAVE_CONFIGS, L._cfg(128, 128, 64, 8, 3)]
+    kept = triton_wave._prune_to_table(configs, a16, DOT_F32=False, PRECISION="tf32")
+    assert kept == triton_wave.WAVE_CONFIGS
+    fma = triton_wave._prune_to_table(configs, {"a_ptr": torch.zeros(1)}, DOT_F32=True,
+                                      PRECISION="ieee")
+    assert fma and all(c.kwargs["BLOCK_M"] == 64 for c in fma)
+    monkeypatch.setattr(triton_wave, "WAVE_BLOCK_M", 32)
+    with pytest.raises(AssertionError, match="BLOCK_M = 32"):
+        triton_wave._prune_to_table(configs, a16, DOT_F32=False, PRECISION="tf32")
+
+
 def test_wave_blocks():
     from kernels.triton_wave import MAX_GROUPS, MAX_LANES, wave_blocks, wave_problem
 
@@ -203,3 +234,34 @@ def test_gpu_wave_layer_matches_reference_and_is_deterministic(monkeypatch):
         again = run_case(case, "triton")
         for a, b in zip((got[0], *got[1]), (again[0], *again[1])):
             assert torch.equal(a, b)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("scaled", [True, False])
+def test_gpu_wave_equals_slot_launches_bit_for_bit(dtype, scaled):
+    """Both scatters of the layer (gate-scaled y; dx through W1^T, a stride swap): the wave's
+    bits equal the per-slot launches' at 1-16 token blocks, over repeated launches (16
+    blocks: many short waits) and over CUDA-graph replays of the launch."""
+    from scripts.bench_common import cuda_graph
+
+    T, E, K, G, N = 8192, 16, 4, 128, 512
+    r, _, a, w, scale = _scatter_case(T, E, K, N, G, dtype)
+    if not scaled:
+        w = torch.randn(E, N, G, device="cuda", dtype=dtype).transpose(1, 2)
+    kw = {"scale": scale, "order_R": r.order_R} if scaled else {}
+    want = triton_launch.scatter_mm(a, w, r.tok_R, r.off_S, T, **kw)
+
+    def run(b):
+        return scatter_mm_wave(a, w, r.tok_R, r.off_S, T, n_blocks=b, **kw)
+
+    for b in (1, 2, 8, 16):
+        assert torch.equal(run(b), want), b
+    assert all(torch.equal(run(16), want) for _ in range(30))
+    held = {}
+    graph = cuda_graph(lambda: held.update(y=run(8)))
+    for _ in range(5):
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(held["y"], want)
