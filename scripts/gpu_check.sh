@@ -40,7 +40,7 @@ print(torch.__version__, triton.__version__, numpy.__version__, torch.cuda.get_d
 run moe "${MOE_LIMIT:-200}" "$py" scripts/bench_moe.py --check --sweeps dmodel_g128 \
   --backends triton triton_unfused grouped_mm --out "$out/moe.json"
 # the ahead-of-time compile tests need no GPU (CI runs them)
-run tests "${TESTS_LIMIT:-150}" "$py" -m pytest -q -p no:cacheprovider tests/test_kernels_triton.py \
+run tests "${TESTS_LIMIT:-200}" "$py" -m pytest -q -p no:cacheprovider tests/test_kernels_triton.py \
   tests/test_kernels_topk.py tests/test_kernels_wave.py \
   -m "${TESTS_MARK:-not slow}" -k "not hopper and not smem_estimate and not spills"
 run profile "${PROFILE_LIMIT:-60}" "$py" scripts/profile_moe.py --out "$out/profile.json"
