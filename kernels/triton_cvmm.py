@@ -167,6 +167,21 @@ def gather_mm_kernel(
 
 
 @triton.jit
+def _tile_to_tokens(tok_ptr, y_ptr, row0, row_end, pid_n, N, stride_ym, stride_yn,
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """A scatter tile: sorted rows row0.. (< row_end), columns of column tile pid_n, and the
+    pointers to the token rows of Y they land in. -> (rows, row_ok, cols, col_ok, y_ptrs,
+    mask)."""
+    rows = row0 + tl.arange(0, BLOCK_M)
+    row_ok = rows < row_end
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_ok = cols < N
+    out_rows = tl.load(tok_ptr + rows, mask=row_ok, other=0).to(tl.int64)
+    y_ptrs = y_ptr + out_rows[:, None] * stride_ym + cols[None, :] * stride_yn
+    return rows, row_ok, cols, col_ok, y_ptrs, row_ok[:, None] & col_ok[None, :]
+
+
+@triton.jit
 def scatter_mm_kernel(
     a_ptr, w_ptr, y_ptr, tok_ptr, off_ptr, scale_ptr, order_ptr,
     n_exp, n_slots, slot, N, KD,
@@ -188,13 +203,8 @@ def scatter_mm_kernel(
                                      BLOCK_M, SEG_P2)
     if e >= n_exp:
         return
-    rows = row0 + tl.arange(0, BLOCK_M)
-    row_ok = rows < row_end
-    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    col_ok = cols < N
-    out_rows = tl.load(tok_ptr + rows, mask=row_ok, other=0).to(tl.int64)
-    y_ptrs = y_ptr + out_rows[:, None] * stride_ym + cols[None, :] * stride_yn
-    mask = row_ok[:, None] & col_ok[None, :]
+    rows, row_ok, cols, col_ok, y_ptrs, mask = _tile_to_tokens(
+        tok_ptr, y_ptr, row0, row_end, pid_n, N, stride_ym, stride_yn, BLOCK_M, BLOCK_N)
     # slots before this one already wrote these tokens; no other program of this one does
     if ACCUMULATE and EARLY_Y:
         y_old = tl.load(y_ptrs, mask=mask, other=0.0)

@@ -32,7 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.triton_cvmm import INTERPRET, _rows_times_expert
+from kernels.triton_cvmm import INTERPRET, _rows_times_expert, _tile_to_tokens
 from kernels.triton_launch import (
     _INTERPRET_BLOCKS,
     _autotune,
@@ -121,13 +121,8 @@ def scatter_wave_kernel(
     row0 = tl.load(tab_ptr + tile * 4 + 1)
     row_end = tl.load(tab_ptr + tile * 4 + 2)
     g = tl.load(tab_ptr + tile * 4 + 3)
-    rows = row0 + tl.arange(0, BLOCK_M)
-    row_ok = rows < row_end
-    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    col_ok = cols < N
-    out_rows = tl.load(tok_ptr + rows, mask=row_ok, other=0).to(tl.int64)
-    y_ptrs = y_ptr + out_rows[:, None] * stride_ym + cols[None, :] * stride_yn
-    mask = row_ok[:, None] & col_ok[None, :]
+    rows, row_ok, cols, col_ok, y_ptrs, mask = _tile_to_tokens(
+        tok_ptr, y_ptr, row0, row_end, pid_n, N, stride_ym, stride_yn, BLOCK_M, BLOCK_N)
     acc = _rows_times_expert(a_ptr, w_ptr, rows.to(tl.int64), row_ok, cols, col_ok, e, KD,
                              stride_am, stride_ak, stride_we, stride_wk, stride_wn,
                              DOT_F32, PRECISION, BLOCK_M, BLOCK_N, BLOCK_K)
