@@ -142,7 +142,7 @@ def moe_mlp_triton_unfused(x_TD, gate_TK, w1_EDG, w2_EGD, routing, p=0.0, traini
 def fused_fwd(x_TD: Tensor, gate_TK: Tensor, w1_EDG: Tensor, w2_EGD: Tensor,
               tok_R: Tensor, order_R: Tensor, off_S: Tensor) -> tuple[Tensor, Tensor]:
     """-> (y_TD, h_RG): up-projection + ReLU in one kernel, gate-scaled down-projection
-    summed over the K slots in place (K launches of one kernel)."""
+    summed over the K slots in place (K launches of one kernel, or one wave: `SCATTER`)."""
     h_RG = launch.gather_mm(x_TD, w1_EDG, tok_R, off_S, epilogue=EPI_RELU)
     y_TD = _scatter_mm(h_RG, w2_EGD, tok_R, off_S, x_TD.shape[0], scale=gate_TK.reshape(-1),
                        order_R=order_R)
