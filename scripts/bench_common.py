@@ -64,6 +64,18 @@ def cuda_graph(fn) -> torch.cuda.CUDAGraph:
     return graph
 
 
+def graph_times(fns: dict, warmup: int, reps: int) -> dict[str, list[float]]:
+    """Milliseconds of CUDA-graph replays of each fn (the GPU time alone: what the kernels
+    decide), interleaved round by round like `time_all`. Eager timings of many small
+    launches measure the host's Python as much as the GPU (H200 VM: 3.5 ms to issue a
+    1.4 ms MoE layer), and in a training step the GPU is busy with other layers meanwhile."""
+    graphs = {name: cuda_graph(fn) for name, fn in fns.items()}
+    times = time_all({n: g.replay for n, g in graphs.items()}, "cuda", warmup, reps)
+    del graphs  # their memory pools
+    torch.cuda.empty_cache()
+    return times
+
+
 def kernel_table(prof, reps: int) -> list[dict]:
     """GPU kernels of a torch.profiler run of `reps` repetitions, slowest first: name, calls
     and microseconds per repetition, share of the GPU time."""

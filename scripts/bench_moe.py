@@ -39,8 +39,8 @@ from kernels.testing import (  # noqa: E402
 )
 from scripts.bench_common import (  # noqa: E402
     DTYPES,
-    cuda_graph,
     device_slug,
+    graph_times,
     out_path,
     paired_ratio,
     parse_with_defaults,
@@ -198,24 +198,12 @@ def check_backends(backends, device, dtype) -> None:
         sys.exit("a backend disagrees with the reference: not benchmarking")
 
 
-def graph_times(layers: dict, warmup: int, reps: int) -> dict[str, list[float]]:
-    """Milliseconds of CUDA-graph replays of each GRAPHABLE layer (the GPU time alone: what
-    the kernels decide), interleaved like the eager rounds. Eager timings of many small
-    launches measure the host's Python as much as the GPU (H200 VM: 3.5 ms to issue a
-    1.4 ms MoE layer), and in a training step the GPU is busy with other layers meanwhile."""
-    graphs = {name: cuda_graph(fn) for name, fn in layers.items() if name in GRAPHABLE}
-    times = time_all({n: g.replay for n, g in graphs.items()}, "cuda", warmup, reps)
-    del graphs  # their memory pools
-    torch.cuda.empty_cache()
-    return times
-
-
 def bench_case(c, args, device, dtype, backends, peaks, extras=False) -> dict:
     T, K = args.tokens, args.k
     layers = make_layers(c, T, K, device, dtype, backends, extras)
     times = time_all(layers, device, args.warmup, args.reps)
-    graphed = (graph_times(layers, args.warmup, args.reps) if device == "cuda" and args.graphs
-               else {})
+    graphed = (graph_times({n: fn for n, fn in layers.items() if n in GRAPHABLE},
+                           args.warmup, args.reps) if device == "cuda" and args.graphs else {})
     f_dense, f_moe = flops(c, T, K)
     b_dense, b_moe = bytes_moved(c, T, K, torch.finfo(dtype).bits // 8)
     res = {}

@@ -38,13 +38,17 @@ def bytes_moved(c: dict, T: int, K: int, elem: int) -> tuple[float, float]:
     return elem * six(T, F, D * F), elem * (six(T * K, G, E * D * G) + selection)
 
 
-def device_peaks(args, device: str, dtype: torch.dtype) -> dict:
-    name = torch.cuda.get_device_name() if device == "cuda" else "cpu"
-    flop_s = bw = None
+def datasheet_peaks(name: str, dtype: torch.dtype) -> tuple[float | None, float | None]:
+    """(FLOP/s for `dtype`, bytes/s) of device `name` from PEAKS; (None, None) if unknown."""
     for frag, f16, f32, b in PEAKS:
         if frag in name:
-            flop_s, bw = (f32 if dtype == torch.float32 else f16), b
-            break
+            return (f32 if dtype == torch.float32 else f16), b
+    return None, None
+
+
+def device_peaks(args, device: str, dtype: torch.dtype) -> dict:
+    name = torch.cuda.get_device_name() if device == "cuda" else "cpu"
+    flop_s, bw = datasheet_peaks(name, dtype)
     source = "table" if flop_s else "measured"
     # unknown device (or a CPU): measure a large product and a copy, unless both are given
     if flop_s is None and not (args.peak_tflops and args.peak_gbps):

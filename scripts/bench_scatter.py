@@ -27,14 +27,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from scripts.bench_common import (  # noqa: E402
     DTYPES,
     ROOT,
-    cuda_graph,
     device_slug,
+    graph_times,
     paired_ratio,
     time_all,
     write_json,
 )
 from scripts.bench_moe import GPU_TARGET  # noqa: E402
-from scripts.bench_roofline import PEAKS  # noqa: E402
+from scripts.bench_roofline import datasheet_peaks  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -88,12 +88,6 @@ def variants(args, routing, a, w, kw) -> dict:
     return fns
 
 
-def graph_ms(fns: dict, reps: int) -> dict[str, list[float]]:
-    """CUDA-graph replays, interleaved round by round: the GPU time alone."""
-    graphs = {k: cuda_graph(fn) for k, fn in fns.items()}
-    return time_all({k: g.replay for k, g in graphs.items()}, "cuda", 1, reps)
-
-
 def main(argv=None) -> dict:
     args = parse_args(argv)
     from kernels import TRITON_INTERPRET
@@ -109,7 +103,7 @@ def main(argv=None) -> dict:
     elem = DTYPES[args.dtype].itemsize
     bytes_slots = elem * (R * G + (2 * args.k - 1) * T * N)
     bytes_l2 = elem * (R * G + T * N)
-    bw = next((b for frag, _, _, b in PEAKS if frag in name), None)
+    bw = datasheet_peaks(name, DTYPES[args.dtype])[1]
     out = {"device": name, "torch": torch.__version__,
            "triton": getattr(sys.modules.get("triton"), "__version__", None),
            "dtype": args.dtype, "case": {k: getattr(args, k) for k in (
@@ -125,7 +119,7 @@ def main(argv=None) -> dict:
         diffs = {k: ((fn() - want).abs().max() / want.abs().max()).item()
                  for k, fn in fns.items()}
         eager = time_all(fns, device, args.warmup, args.reps)
-        graph = graph_ms(fns, args.reps) if cuda else None
+        graph = graph_times(fns, 1, args.reps) if cuda else None
         for k in fns:
             row = {"kind": kind, "variant": k, "ms_all": eager[k],
                    "ms": statistics.median(eager[k]), "rel_diff": diffs[k]}

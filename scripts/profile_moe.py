@@ -31,6 +31,7 @@ from scripts.bench_common import (  # noqa: E402
     DTYPES,
     ROOT,
     device_slug,
+    graph_times,
     kernel_table,
     sync,
     use_scatter,
@@ -40,7 +41,6 @@ from scripts.bench_moe import (  # noqa: E402
     BACKENDS,
     GPU_TARGET,
     GRAPHABLE,
-    graph_times,
     make_layers,
 )
 
