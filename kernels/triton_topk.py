@@ -9,12 +9,12 @@ E 32, K 4), where reading s takes ~1 us. Here a program holds BLOCK_T whole rows
 registers and takes K maxima. Only the ids come from the kernel: the caller gathers the
 gates from s, so autograd (the gather's backward) needs no kernel of its own.
 """
-import contextlib
-
 import torch
 import triton
 import triton.language as tl
 from torch import Tensor
+
+from kernels.triton_launch import _on_tensor_device
 
 
 @triton.jit
@@ -45,23 +45,24 @@ def _block_t(e_p2: int) -> int:
     return max(1, min(128, 4096 // e_p2))
 
 
+@_on_tensor_device  # Triton launches on the current device, not on the tensors'
+def _launch(s_TE: Tensor, idx_TK: Tensor) -> None:
+    T, E = s_TE.shape
+    e_p2 = triton.next_power_of_2(E)
+    block_t = _block_t(e_p2)
+    topk_kernel[(triton.cdiv(T, block_t),)](s_TE, idx_TK, T, E, s_TE.stride(0), s_TE.stride(1),
+                                            K=idx_TK.shape[1], E_P2=e_p2, BLOCK_T=block_t)
+
+
 @torch.library.custom_op("sigma_moe::topk_ids", mutates_args=())
 def topk_ids(s_TE: Tensor, k: int) -> Tensor:
     """int64 [T, K]: the ids of the K largest entries of each row, largest first."""
     if s_TE.dim() != 2 or not 1 <= k <= s_TE.shape[1]:
         raise ValueError(f"topk_ids: needs s_TE [T, E] and 1 <= k <= E, got {list(s_TE.shape)} "
                          f"and k={k}")
-    T, E = s_TE.shape
-    idx_TK = torch.empty(T, k, dtype=torch.int64, device=s_TE.device)
-    if T == 0:
-        return idx_TK
-    e_p2 = triton.next_power_of_2(E)
-    block_t = _block_t(e_p2)
-    # Triton launches on the current device, not on the tensors' (kernels/triton_launch.py)
-    with torch.cuda.device(s_TE.device) if s_TE.is_cuda else contextlib.nullcontext():
-        topk_kernel[(triton.cdiv(T, block_t),)](s_TE, idx_TK, T, E, s_TE.stride(0),
-                                                s_TE.stride(1), K=k, E_P2=e_p2,
-                                                BLOCK_T=block_t)
+    idx_TK = torch.empty(s_TE.shape[0], k, dtype=torch.int64, device=s_TE.device)
+    if s_TE.shape[0] > 0:
+        _launch(s_TE, idx_TK)
     return idx_TK
 
 
