@@ -75,7 +75,15 @@ def wave_table_kernel(tok_ptr, off_ptr, tab_ptr, need_ptr, n_exp, n_slots, n_blk
     seg_lo = tl.load(off_ptr + e * n_slots + k, mask=ok, other=0)
     seg_hi = tl.load(off_ptr + e * n_slots + k + 1, mask=ok, other=0)
     start = _lower_bound(tok_ptr, seg_lo, seg_hi, b * blk_tokens)
-    end = _lower_bound(tok_ptr, start, seg_hi, (b + 1) * blk_tokens)
+    # block b ends where block b + 1 (lane g + K) starts: one search, not two (its steps are
+    # dependent loads, the kernel's latency). Lanes trade starts through the table's first
+    # G x E entries (bound >= G x E), which the tiles overwrite after the second barrier.
+    lane = g * n_exp + e
+    tl.store(tab_ptr + lane, start, mask=ok)
+    tl.debug_barrier()
+    nxt = ok & (b + 1 < n_blk)
+    end = tl.where(nxt, tl.load(tab_ptr + lane + n_slots * n_exp, mask=nxt, other=0), seg_hi)
+    tl.debug_barrier()
     n_tiles = tl.where(ok, (end - start + BLOCK_M - 1) // BLOCK_M, 0)  # [G_P2, E_P2]
     per_grp = tl.sum(n_tiles, 1)  # [G_P2]
     # wave order: by diagonal d = b + k, then by slot; groups of a diagonal are independent
