@@ -62,10 +62,12 @@ def _lower_bound(tok_ptr, lo, hi, target):
 
 
 @triton.jit
-def wave_table_kernel(tok_ptr, off_ptr, tab_ptr, need_ptr, n_exp, n_slots, n_blk, blk_tokens,
-                      BLOCK_M: tl.constexpr, G_P2: tl.constexpr, E_P2: tl.constexpr):
+def wave_table_kernel(tok_ptr, off_ptr, tab_ptr, need_ptr, sync_ptr, n_exp, n_slots, n_blk,
+                      blk_tokens, BLOCK_M: tl.constexpr, G_P2: tl.constexpr,
+                      E_P2: tl.constexpr):
     """tab[tile] = (e, row0, row_end, g) in wave order; need[g] = tiles of group g - 1 (the
-    same block's previous slot; 0 for slot 0); need[n_grp] = the number of tiles."""
+    same block's previous slot; 0 for slot 0); need[n_grp] = the number of tiles; sync[:
+    n_grp + 2] = 0, the scatter's counters (here rather than a memset launch of their own)."""
     g = tl.arange(0, G_P2)[:, None]  # group b*K + k                        [G_P2, 1]
     e = tl.arange(0, E_P2)[None, :]  # expert                               [1, E_P2]
     n_grp = n_blk * n_slots
@@ -96,6 +98,8 @@ def wave_table_kernel(tok_ptr, off_ptr, tab_ptr, need_ptr, n_exp, n_slots, n_blk
     prev = (gg[None, :] == gg[:, None] - 1) & (gg[:, None] % n_slots > 0)
     tl.store(need_ptr + gg, tl.sum(tl.where(prev, per_grp[None, :], 0), 1), mask=gg < n_grp)
     tl.store(need_ptr + n_grp, tl.sum(per_grp, 0))
+    i = tl.arange(0, 4 * G_P2)  # >= n_grp + 2 for any n_grp >= 1
+    tl.store(sync_ptr + i, 0, mask=i < n_grp + 2)
     e_full = e + 0 * g
     g_full = g + 0 * e
     for j in range(0, tl.max(tl.max(n_tiles, 1), 0)):
@@ -204,18 +208,21 @@ def wave_problem(n_exp: int, n_slots: int, n_blocks: int = 1) -> str | None:
 
 
 def wave_table(tok_R, off_S, n_exp, n_tokens, n_blocks):
-    """-> (tab [bound, 4] int32, need [G + 1] int32): the tiles of one launch (rows of the
-    table past need[G] are not written), G = K * n_blocks groups."""
+    """-> (tab [bound, 4], need [G + 1], sync [G + 2], all int32): the tiles of one launch
+    (rows of the table past need[G] are not written), G = K * n_blocks groups, and the
+    scatter's counters, zeroed."""
     K = _n_slots(off_S, n_exp)
     G = K * n_blocks
     bound = triton.cdiv(tok_R.numel(), WAVE_BLOCK_M) + G * n_exp
     tab = torch.empty(bound, 4, dtype=torch.int32, device=tok_R.device)
     need = torch.empty(G + 1, dtype=torch.int32, device=tok_R.device)
+    sync = torch.empty(G + 2, dtype=torch.int32, device=tok_R.device)
     wave_table_kernel[(1,)](
-        tok_R, off_S, tab, need, n_exp, K, n_blocks, triton.cdiv(max(n_tokens, 1), n_blocks),
+        tok_R, off_S, tab, need, sync, n_exp, K, n_blocks,
+        triton.cdiv(max(n_tokens, 1), n_blocks),
         BLOCK_M=WAVE_BLOCK_M, G_P2=triton.next_power_of_2(G),
         E_P2=triton.next_power_of_2(n_exp), num_warps=8)  # as kernels/triton_aot.py compiles it
-    return tab, need
+    return tab, need, sync
 
 
 @_on_tensor_device
@@ -227,8 +234,7 @@ def scatter_mm_wave(a_RK, w_EKN, tok_R, off_S, n_tokens, scale=None, order_R=Non
     B = n_blocks or wave_blocks(n_tokens, E, K, N, a_RK.element_size())
     if problem := wave_problem(E, K, B):
         raise ValueError(f"scatter_mm_wave: {problem}")
-    tab, need = wave_table(tok_R, off_S, E, n_tokens, B)
-    sync = torch.zeros(K * B + 2, dtype=torch.int32, device=a_RK.device)
+    tab, need, sync = wave_table(tok_R, off_S, E, n_tokens, B)
     y = torch.empty(n_tokens, N, dtype=a_RK.dtype, device=a_RK.device)
     grid = lambda META: (tab.shape[0] * triton.cdiv(N, META["BLOCK_N"]),)  # noqa: E731
     _scatter_wave[grid](

@@ -55,9 +55,10 @@ def skewed_routing(T, E, K, seed=0):
 def test_table_is_the_wave_schedule(T, E, K, B):
     """Every row in exactly one tile, tiles in wave order, and every wait on earlier tiles."""
     r = make_routing(skewed_routing(T, E, K).to(DEVICE), E)
-    tab, need = wave_table(r.tok_R, r.off_S, E, T, B)
+    tab, need, sync = wave_table(r.tok_R, r.off_S, E, T, B)
     want_tiles, want_need = wave_reference(r.tok_R.cpu(), r.off_S.cpu(), E, T, B, WAVE_BLOCK_M)
     assert need.tolist() == want_need
+    assert sync.tolist() == [0] * (K * B + 2)  # the scatter's counters, zeroed
     assert [tuple(t) for t in tab[: need[-1]].tolist()] == want_tiles
     bm = WAVE_BLOCK_M
     covered = sorted(r for _, r0, end, _ in want_tiles for r in range(r0, min(r0 + bm, end)))
@@ -105,9 +106,9 @@ def test_a_wait_on_a_later_tile_is_reported(monkeypatch):
     r, _, a, w, _ = _scatter_case(T, E, K, 8, 16, torch.float32)
 
     def reversed_table(tok_R, off_S, n_exp, n_tokens, n_blocks):
-        tab, need = wave_table(tok_R, off_S, n_exp, n_tokens, n_blocks)
+        tab, need, sync = wave_table(tok_R, off_S, n_exp, n_tokens, n_blocks)
         tab[: need[-1]] = tab[: need[-1]].flip(0).clone()
-        return tab, need
+        return tab, need, sync
 
     monkeypatch.setattr(triton_wave, "wave_table", reversed_table)
     with pytest.raises(RuntimeError, match="would wait on later ones"):
