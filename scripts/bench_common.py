@@ -128,6 +128,28 @@ def use_scatter(schedule: str) -> str:
     return schedule
 
 
+def positive(text: str) -> int:
+    """argparse type: an integer >= 1 (sizes, counts of rounds)."""
+    value = int(text)  # a ValueError: argparse says "invalid positive value"
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def check_device(parser, device: str) -> None:
+    """A one-line argparse error (exit 2) for --device cuda where torch sees no GPU."""
+    if device == "cuda" and not torch.cuda.is_available():
+        parser.error(f"--device cuda: torch {torch.__version__} sees no CUDA device here "
+                     "(run on a GPU machine, or with --device cpu)")
+
+
+def check_k(parser, k: int, n_experts: int) -> None:
+    """A one-line argparse error for more experts per token than there are experts."""
+    if k > n_experts:
+        parser.error(f"--k {k} is more than the {n_experts} experts of a case: lower --k "
+                     "(or raise --n-experts)")
+
+
 def out_path(name: str, changed: list[str]) -> Path:
     """benchmarks/NAME for a run with the device's defaults, which the committed results come
     from; runs/bench/NAME (git-ignored) for any other, so that a quick run cannot overwrite

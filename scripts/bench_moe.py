@@ -39,11 +39,14 @@ from kernels.testing import (  # noqa: E402
 )
 from scripts.bench_common import (  # noqa: E402
     DTYPES,
+    check_device,
+    check_k,
     device_slug,
     graph_times,
     out_path,
     paired_ratio,
     parse_with_defaults,
+    positive,
     sync,
     time_all,
     use_scatter,
@@ -266,17 +269,17 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--device", choices=["cuda", "cpu"],
                    default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--dtype", choices=list(DTYPES), help="default: bf16 on cuda, fp32 on cpu")
-    p.add_argument("--tokens", type=int,
+    p.add_argument("--tokens", type=positive,
                    help="|B| of the sweeps; default 32768 (cuda) / 8192 (cpu); the CPU target "
                         f"case ignores it (and --k): always T={CPU_TARGET['tokens']}, "
                         f"K={CPU_TARGET['k']}")
-    p.add_argument("--k", type=int, default=4)
+    p.add_argument("--k", type=positive, default=4)
     p.add_argument("--sweeps", nargs="*",
                    help="subset of the sweeps (default: all; the flag alone: none, e.g. "
                         "only the CPU target)")
     p.add_argument("--backends", nargs="*", default=list(BACKENDS), choices=BACKENDS)
     p.add_argument("--warmup", type=int, help="default 5 (cuda) / 1 (cpu)")
-    p.add_argument("--reps", type=int, help="default 20 (cuda) / 3 (cpu)")
+    p.add_argument("--reps", type=positive, help="default 20 (cuda) / 3 (cpu)")
     p.add_argument("--peak-tflops", type=float, help="override the device's peak TFLOP/s")
     p.add_argument("--peak-gbps", type=float, help="override the device's peak GB/s")
     p.add_argument("--check", action="store_true", help="verify every backend first")
@@ -302,6 +305,9 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, list[str]]:
             p.error(f"unknown sweeps {sorted(unknown)} for {args.device}: choose from "
                     f"{list(all_sweeps)}")
         args.sweeps = list(all_sweeps) if args.sweeps is None else args.sweeps
+        check_device(p, args.device)
+        check_k(p, args.k, min((c["n_experts"] for name in args.sweeps for c in all_sweeps[name]),
+                               default=args.k))
         args.dtype = args.dtype or ("bf16" if cuda else "fp32")
         args.tokens = args.tokens or (32768 if cuda else 8192)
         args.warmup = args.warmup if args.warmup is not None else (5 if cuda else 1)

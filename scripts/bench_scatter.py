@@ -27,9 +27,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from scripts.bench_common import (  # noqa: E402
     DTYPES,
     ROOT,
+    check_k,
     device_slug,
     graph_times,
     paired_ratio,
+    positive,
     time_all,
     write_json,
 )
@@ -39,19 +41,21 @@ from scripts.bench_roofline import datasheet_peaks  # noqa: E402
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
-    p.add_argument("--tokens", type=int, default=GPU_TARGET["tokens"])
-    p.add_argument("--d-model", type=int, default=GPU_TARGET["d_model"])
-    p.add_argument("--n-experts", type=int, default=GPU_TARGET["n_experts"])
-    p.add_argument("--expert-size", type=int, default=GPU_TARGET["expert_size"])
-    p.add_argument("--k", type=int, default=GPU_TARGET["k"])
+    p.add_argument("--tokens", type=positive, default=GPU_TARGET["tokens"])
+    p.add_argument("--d-model", type=positive, default=GPU_TARGET["d_model"])
+    p.add_argument("--n-experts", type=positive, default=GPU_TARGET["n_experts"])
+    p.add_argument("--expert-size", type=positive, default=GPU_TARGET["expert_size"])
+    p.add_argument("--k", type=positive, default=GPU_TARGET["k"])
     p.add_argument("--dtype", choices=list(DTYPES), default="bf16")
-    p.add_argument("--blocks", type=int, nargs="+",
+    p.add_argument("--blocks", type=positive, nargs="+",
                    help="token blocks of the wave variants (default: 1, 2, 4, 16 and the "
                         "launcher's own choice)")
     p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--reps", type=int, default=20)
+    p.add_argument("--reps", type=positive, default=20)
     p.add_argument("--out", type=Path, help="JSON path (default runs/bench/scatter_<gpu>.json)")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    check_k(p, args.k, args.n_experts)
+    return args
 
 
 def inputs(args, device):

@@ -31,11 +31,13 @@ from models.ffn.sigma_moe import SigmaMoEConfig  # noqa: E402
 from models.transformer_xl import TransformerXL, TransformerXLConfig, n_params  # noqa: E402
 from scripts.bench_common import (  # noqa: E402
     DTYPES,
+    check_device,
     device_slug,
     kernel_table,
     out_path,
     paired_ratio,
     parse_with_defaults,
+    positive,
     sync,
     write_json,
 )
@@ -168,8 +170,8 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, list[str]]:
     ap.add_argument("--shapes", nargs="*", choices=list(SHAPES))
     ap.add_argument("--dtype", choices=list(DTYPES))
     ap.add_argument("--warmup", type=int, default=3, help="steps per model before timing")
-    ap.add_argument("--reps", type=int, default=10, help="timed rounds (one step of each)")
-    ap.add_argument("--batch", type=int,
+    ap.add_argument("--reps", type=positive, default=10, help="timed rounds (one step of each)")
+    ap.add_argument("--batch", type=positive,
                     help="sequences per step for every shape (default: the paper's, halved "
                          "until a step fits the GPU)")
     ap.add_argument("--profile", type=int, default=0, metavar="N",
@@ -181,6 +183,7 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, list[str]]:
 
     def resolved(args):
         cuda = args.device == "cuda"
+        check_device(ap, args.device)
         args.shapes = args.shapes or (["wt_small", "wt_big"] if cuda else ["mini"])
         args.dtype = args.dtype or ("bf16" if cuda else "fp32")
         return args

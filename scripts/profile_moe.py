@@ -30,9 +30,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from scripts.bench_common import (  # noqa: E402
     DTYPES,
     ROOT,
+    check_k,
     device_slug,
     graph_times,
     kernel_table,
+    positive,
     sync,
     use_scatter,
     write_json,
@@ -82,12 +84,12 @@ def autotuned() -> dict[str, dict[str, str]]:
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--d-model", type=int, default=GPU_TARGET["d_model"])
-    p.add_argument("--n-experts", type=int, default=GPU_TARGET["n_experts"])
-    p.add_argument("--expert-size", type=int, default=GPU_TARGET["expert_size"])
-    p.add_argument("--k", type=int, default=GPU_TARGET["k"])
-    p.add_argument("--tokens", type=int, default=GPU_TARGET["tokens"])
-    p.add_argument("--d-ff", type=int, help="the dense MLP's (default N_E * G)")
+    p.add_argument("--d-model", type=positive, default=GPU_TARGET["d_model"])
+    p.add_argument("--n-experts", type=positive, default=GPU_TARGET["n_experts"])
+    p.add_argument("--expert-size", type=positive, default=GPU_TARGET["expert_size"])
+    p.add_argument("--k", type=positive, default=GPU_TARGET["k"])
+    p.add_argument("--tokens", type=positive, default=GPU_TARGET["tokens"])
+    p.add_argument("--d-ff", type=positive, help="the dense MLP's (default N_E * G)")
     p.add_argument("--dtype", choices=list(DTYPES), default="bf16")
     p.add_argument("--backends", nargs="+", choices=BACKENDS,
                    default=["triton", "triton_unfused", "grouped_mm"])
@@ -95,14 +97,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--scatter", choices=["slots", "wave"], default="slots",
                    help="how the Triton scatter kernels run the K slots: one launch each, or "
                         "one launch for all (kernels/triton_wave.py; default slots)")
-    p.add_argument("--reps", type=int, default=5)
-    p.add_argument("--top", type=int, default=12, help="kernels printed per layer")
+    p.add_argument("--reps", type=positive, default=5)
+    p.add_argument("--top", type=positive, default=12, help="kernels printed per layer")
     p.add_argument("--out", type=Path, help="JSON path (default runs/bench/profile_<gpu>.json)")
     p.add_argument("--ncu", action="store_true",
                    help="for Nsight Compute instead: after the warm-up, one forward+backward "
                         "of each layer between cudaProfilerStart and Stop, nothing else "
                         "(ncu --profile-from-start off; scripts/gpu_check.sh's ncu step)")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    check_k(p, args.k, args.n_experts)
+    return args
 
 
 def main(argv=None) -> dict:

@@ -281,7 +281,7 @@ def test_ncu_table_reads_the_raw_csv_among_ncu_log_lines(tmp_path, capsys):
         ncu_table.main([str(path)])
 
 
-def test_gpu_check_runs_only_commands_its_scripts_accept(tmp_path):
+def test_gpu_check_runs_only_commands_its_scripts_accept(tmp_path, monkeypatch):
     """scripts/gpu_check.sh (what a short GPU lease runs, where a typo costs the lease): run
     with a stand-in python (records its arguments) and a stand-in ncu (records, then runs
     the program it wraps), every step and every script call parses with that script's own
@@ -318,8 +318,36 @@ def test_gpu_check_runs_only_commands_its_scripts_accept(tmp_path):
     ncu_call = next(c for c in calls if c[0] == "ncu")
     assert {"--profile-from-start", "--csv"} <= set(ncu_call)
     assert scripts["profile_moe"][-1][-1] == "--ncu"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # as on the GPU machine
     for name, arg_lists in scripts.items():
         module = importlib.import_module(f"scripts.{name}")
         for args in arg_lists:
             device = ["--device", "cuda"] if name in ("bench_moe", "bench_train") else []
             module.parse_args([*args, *device])  # argparse's SystemExit fails the test
+
+
+@pytest.mark.parametrize("script,argv,message", [
+    ("bench_moe", ["--device", "cpu", "--k", "9", "--sweeps", "n_experts"],
+     "--k 9 is more than the 8 experts of a case: lower --k"),
+    ("bench_moe", ["--device", "cpu", "--tokens", "0"],
+     "argument --tokens: must be at least 1, got 0"),
+    ("bench_moe", ["--device", "cuda"], "--device cuda: torch .* sees no CUDA device here"),
+    ("bench_train", ["--device", "cuda"], "--device cuda: torch .* sees no CUDA device here"),
+    ("bench_train", ["--reps", "-1"], "argument --reps: must be at least 1, got -1"),
+    ("bench_scatter", ["--k", "40"], "--k 40 is more than the 32 experts of a case"),
+    ("profile_moe", ["--k", "3", "--n-experts", "2"], "--k 3 is more than the 2 experts"),
+    ("profile_moe", ["--tokens", "many"], "argument --tokens: invalid positive value: 'many'"),
+])
+def test_bad_benchmark_arguments_are_one_line_errors(script, argv, message, monkeypatch, capsys):
+    """Arguments that could only fail later (in a traceback, after minutes of timing) stop at
+    parsing: argparse's usage, one error line, exit 2."""
+    import importlib
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    module = importlib.import_module(f"scripts.{script}")
+    with pytest.raises(SystemExit) as stop:
+        module.parse_args(argv)
+    assert stop.value.code == 2
+    *usage, error = capsys.readouterr().err.strip().splitlines()
+    assert usage[0].startswith("usage:") and all(u.startswith(" ") for u in usage[1:]), usage
+    assert re.search(rf": error: {message}", error), error

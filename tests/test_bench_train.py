@@ -81,6 +81,7 @@ def test_the_wt_big_step_target_is_judged_on_a_gpu(tmp_path, monkeypatch, capsys
                    for k in ("dense", "sigma_moe")}}
 
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     for ratio, verdict in ((0.55, "PASS"), (0.65, "FAIL")):
         monkeypatch.setattr(bench_train, "bench_shape", lambda *a, r=ratio: row(r))
         out = bench_train.main(["--device", "cuda", "--out", str(tmp_path / "t.json")])
