@@ -26,10 +26,10 @@ def moe_mlp_reference(
     flat_expert = expert_TK.reshape(-1)
     flat_token = torch.arange(T, device=x_TD.device).repeat_interleave(K)
     flat_gate = gate_TK.reshape(-1)
+    # an expert with no rows still runs (on none): y stays in the autograd graph with no
+    # tokens at all (T = 0), as every other backend's does
     for e in range(w1_EDG.shape[0]):
         rows = (flat_expert == e).nonzero(as_tuple=True)[0]
-        if rows.numel() == 0:
-            continue
         tok = flat_token[rows]
         h_RG = F.relu(x_TD[tok] @ w1_EDG[e])
         h_RG = F.dropout(h_RG, hidden_dropout, training)

@@ -91,6 +91,16 @@ def test_unused_experts_get_zero_weight_grad():
     assert dw1[:3].abs().min(-1).values.max() > 0
 
 
+@pytest.mark.parametrize("backend", ["reference", "torch"])
+def test_an_empty_batch_keeps_the_graph(backend):
+    """T = 0 (an empty shard): an empty output that backpropagates zero weight gradients, from
+    the per-expert reference too (which once returned a tensor outside the graph)."""
+    case = random_case(T=0, D=8, E=3, G=8, K=2)
+    y, (gx, _, dw1, dw2) = run_case(case, backend)
+    assert y.shape == (0, 8) and gx.shape == (0, 8)
+    assert dw1.abs().sum() == 0 and dw2.abs().sum() == 0
+
+
 def test_torch_path_weight_grad_is_deterministic():
     case = random_case(T=257, D=32, E=8, G=16, K=4)
     (_, g1), (_, g2) = run_case(case, "torch"), run_case(case, "torch")
