@@ -18,6 +18,7 @@ from __future__ import annotations
 import inspect
 import json
 import os
+import re
 import sys
 
 
@@ -143,7 +144,9 @@ def compile_all(dt: str = "bf16", capability: int = 90, warps: int = 8, stages: 
 
 def compile_table(groups: int, experts: int, capability: int = 90) -> dict:
     """Shared memory, registers and spills of kernels/triton_wave.py's tile-table kernel
-    for `groups` (slots x token blocks) and `experts` lanes, as its launcher compiles it."""
+    for `groups` (slots x token blocks) and `experts` lanes, as its launcher compiles it, and
+    `order`: its global loads, stores and block barriers in PTX order, runs collapsed
+    ("ld bar ld st bar ld bar st ..."), which shows the lanes' exchange through memory."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -158,8 +161,12 @@ def compile_table(groups: int, experts: int, capability: int = 90) -> dict:
     compiled = triton.compile(ASTSource(wave_table_kernel, sig, cex, attrs),
                               target=GPUTarget("cuda", capability, 32),
                               options={"num_warps": 8, "num_stages": 1})
-    return {"shared_bytes": compiled.metadata.shared,
-            **ptxas_usage(compiled.asm["ptx"], capability)}
+    ptx = compiled.asm["ptx"]
+    kinds = re.findall(r"\b(ld|st)\.global|\b(bar)\.sync", ptx)
+    order = [k[0] or k[1] for k in kinds]
+    order = [k for i, k in enumerate(order) if i == 0 or k != order[i - 1]]
+    return {"shared_bytes": compiled.metadata.shared, "order": " ".join(order),
+            **ptxas_usage(ptx, capability)}
 
 
 KERNELS = ["gather_mm_kernel", "scatter_mm_kernel", "scatter_wave_kernel", "wgrad_kernel"]

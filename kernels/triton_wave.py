@@ -79,7 +79,8 @@ def wave_table_kernel(tok_ptr, off_ptr, tab_ptr, need_ptr, sync_ptr, n_exp, n_sl
     start = _lower_bound(tok_ptr, seg_lo, seg_hi, b * blk_tokens)
     # block b ends where block b + 1 (lane g + K) starts: one search, not two (its steps are
     # dependent loads, the kernel's latency). Lanes trade starts through the table's first
-    # G x E entries (bound >= G x E), which the tiles overwrite after the second barrier.
+    # G x E int32 words (it has 4 x bound >= G x E), which the rows overwrite after the
+    # second barrier.
     lane = g * n_exp + e
     tl.store(tab_ptr + lane, start, mask=ok)
     tl.debug_barrier()
@@ -209,8 +210,8 @@ def wave_problem(n_exp: int, n_slots: int, n_blocks: int = 1) -> str | None:
 
 def wave_table(tok_R, off_S, n_exp, n_tokens, n_blocks):
     """-> (tab [bound, 4], need [G + 1], sync [G + 2], all int32): the tiles of one launch
-    (rows of the table past need[G] are not written), G = K * n_blocks groups, and the
-    scatter's counters, zeroed."""
+    (rows of the table past need[G] are garbage: scratch or unwritten), G = K * n_blocks
+    groups, and the scatter's counters, zeroed."""
     K = _n_slots(off_S, n_exp)
     G = K * n_blocks
     bound = triton.cdiv(tok_R.numel(), WAVE_BLOCK_M) + G * n_exp

@@ -52,13 +52,16 @@ def skewed_routing(T, E, K, seed=0):
 
 
 @pytest.mark.parametrize("T,E,K,B", [(50, 4, 2, 3), (37, 5, 3, 1), (61, 6, 4, 7), (9, 3, 2, 5)])
-def test_table_is_the_wave_schedule(T, E, K, B):
-    """Every row in exactly one tile, tiles in wave order, and every wait on earlier tiles."""
+def test_table_is_the_wave_schedule(T, E, K, B, monkeypatch):
+    """Every row in exactly one tile, tiles in wave order, every wait on earlier tiles, and
+    the scatter's counters zeroed (its buffers start as garbage here, not as free zeros)."""
     r = make_routing(skewed_routing(T, E, K).to(DEVICE), E)
+    empty = torch.empty
+    monkeypatch.setattr(torch, "empty", lambda *a, **kw: empty(*a, **kw).fill_(-7))
     tab, need, sync = wave_table(r.tok_R, r.off_S, E, T, B)
     want_tiles, want_need = wave_reference(r.tok_R.cpu(), r.off_S.cpu(), E, T, B, WAVE_BLOCK_M)
     assert need.tolist() == want_need
-    assert sync.tolist() == [0] * (K * B + 2)  # the scatter's counters, zeroed
+    assert sync.tolist() == [0] * (K * B + 2)
     assert [tuple(t) for t in tab[: need[-1]].tolist()] == want_tiles
     bm = WAVE_BLOCK_M
     covered = sorted(r for _, r0, end, _ in want_tiles for r in range(r0, min(r0 + bm, end)))
@@ -188,7 +191,8 @@ def test_unknown_scatter_schedule_is_refused():
 
 def test_table_kernel_compiles_for_hopper():
     """Real Triton compiles the tile-table kernel for sm_90 at the smallest and the largest
-    table a launch builds, with no spills up to the target case's 32 x 32 lanes."""
+    table a launch builds, with no spills up to the target case's 32 x 32 lanes, and with
+    its barriers around the lanes' exchange."""
     import json
 
     from kernels.triton_wave import MAX_GROUPS, MAX_LANES
@@ -201,6 +205,13 @@ def test_table_kernel_compiles_for_hopper():
     small, target, largest = (json.loads(line) for line in stdout.splitlines())
     assert small["spill_bytes"] == 0 and target["spill_bytes"] == 0, (small, target)
     assert largest["registers"] <= 255 and largest["shared_bytes"] <= 227 * 1024, largest
+    # lanes trade their block starts through memory: the first stores (the starts), a
+    # barrier, the loads of the neighbours', a barrier, then the table rows over them (the
+    # interpreter runs a program as one, so only the compiled code can show this)
+    for table in (small, target, largest):
+        order = table["order"].split()
+        first = order.index("st")
+        assert order[first: first + 5] == ["st", "bar", "ld", "bar", "st"], table["order"]
 
 
 def test_bench_scatter_times_every_variant(tmp_path):
