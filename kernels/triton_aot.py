@@ -38,6 +38,7 @@ def variants(dt: str = "bf16", blocks: dict | None = None):
     """(kernel name, constexprs, unit-stride args, 16-divisible args, pointer types).
     dt "fp32-ieee": fp32 products without TF32 (torch's default), on FMA units."""
     from kernels.triton_launch import MIN_SEG_P2
+    from kernels.triton_wave import WAVE_BLOCK_M
 
     seg = {"SEG_P2": MIN_SEG_P2}  # what the launchers pass for E*K <= 128
     precision = "ieee" if dt == "fp32-ieee" else "tf32"
@@ -52,7 +53,7 @@ def variants(dt: str = "bf16", blocks: dict | None = None):
     v_ptr = {**s_ptr, "tab_ptr": "i32", "need_ptr": "i32", "sync_ptr": "i32"}
     del v_ptr["off_ptr"]
     wave = {k: v for k, v in base.items() if k != "BLOCK_M"}
-    wave["BLOCK_M"], wave["WAIT"] = 64, True  # kernels/triton_wave.py: WAVE_BLOCK_M
+    wave["BLOCK_M"], wave["WAIT"] = WAVE_BLOCK_M, True  # the table's row tiles
     w_div = ["M", "N", "stride_am", "stride_bm", "stride_we", "stride_wm"]
     w_ptr = {"a_ptr": dt, "b_ptr": dt, "dw_ptr": dt, "tok_ptr": "i32", "off_ptr": "i32"}
     return [

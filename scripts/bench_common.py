@@ -118,6 +118,13 @@ def write_json(path: Path, out: dict | list) -> None:
     print(f"wrote {path}")
 
 
+def add_scatter_arg(parser) -> None:
+    """--scatter: how the Triton scatter kernels run a token's K slots (see `use_scatter`)."""
+    parser.add_argument("--scatter", choices=["slots", "wave"], default="slots",
+                        help="how the Triton scatter kernels run the K slots: one launch each, "
+                             "or one launch for all (kernels/triton_wave.py; default slots)")
+
+
 def use_scatter(schedule: str) -> str:
     """Run the Triton scatter kernels' K slots as `schedule` ("slots": a launch each, "wave":
     one launch, kernels/triton_wave.py), where Triton is importable. -> the schedule."""

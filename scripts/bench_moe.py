@@ -39,6 +39,7 @@ from kernels.testing import (  # noqa: E402
 )
 from scripts.bench_common import (  # noqa: E402
     DTYPES,
+    add_scatter_arg,
     check_device,
     check_k,
     device_slug,
@@ -283,9 +284,7 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--peak-tflops", type=float, help="override the device's peak TFLOP/s")
     p.add_argument("--peak-gbps", type=float, help="override the device's peak GB/s")
     p.add_argument("--check", action="store_true", help="verify every backend first")
-    p.add_argument("--scatter", choices=["slots", "wave"], default="slots",
-                   help="how the Triton scatter kernels run the K slots: one launch each, or "
-                        "one launch for all (kernels/triton_wave.py; default slots)")
+    add_scatter_arg(p)
     p.add_argument("--graphs", action=argparse.BooleanOptionalAction, default=True,
                    help="cuda: also time CUDA-graph replays of the layers without a host sync "
                         "(the GPU time without Python's launch costs; default on)")

@@ -30,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from scripts.bench_common import (  # noqa: E402
     DTYPES,
     ROOT,
+    add_scatter_arg,
     check_k,
     device_slug,
     graph_times,
@@ -94,9 +95,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--backends", nargs="+", choices=BACKENDS,
                    default=["triton", "triton_unfused", "grouped_mm"])
     p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--scatter", choices=["slots", "wave"], default="slots",
-                   help="how the Triton scatter kernels run the K slots: one launch each, or "
-                        "one launch for all (kernels/triton_wave.py; default slots)")
+    add_scatter_arg(p)
     p.add_argument("--reps", type=positive, default=5)
     p.add_argument("--top", type=positive, default=12, help="kernels printed per layer")
     p.add_argument("--out", type=Path, help="JSON path (default runs/bench/profile_<gpu>.json)")
