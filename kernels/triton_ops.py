@@ -20,6 +20,7 @@ through them with fullgraph=True; the backward calls ops too, so AOTAutograd tra
 """
 # no `from __future__ import annotations`: torch < 2.5 infers the custom ops' schemas from
 # the annotation objects and rejects strings
+import contextlib
 import os
 
 import torch
@@ -32,7 +33,8 @@ from kernels.triton_wave import scatter_mm_wave, wave_problem
 # how the scatter kernels run their K slots: "slots", one launch each (launch.scatter_mm),
 # or "wave", all in one launch (kernels/triton_wave.py: Y read back from L2, K - 1 fewer
 # launches). Same sums in the same order; "wave" is not yet run on a GPU, hence opt-in:
-# SIGMA_MOE_SCATTER=wave, or set_scatter("wave") (scripts' --scatter)
+# SIGMA_MOE_SCATTER=wave, set_scatter("wave"), or within `scatter_schedule("wave")` (the
+# benchmarks' triton_wave layer)
 SCATTERS = ("slots", "wave")
 SCATTER = "slots"
 
@@ -40,12 +42,24 @@ SCATTER = "slots"
 def set_scatter(schedule: str) -> None:
     global SCATTER
     if schedule not in SCATTERS:
-        raise ValueError(f"scatter schedule {schedule!r} (SIGMA_MOE_SCATTER, --scatter): "
+        raise ValueError(f"scatter schedule {schedule!r} (SIGMA_MOE_SCATTER): "
                          f"choose one of {SCATTERS}")
     SCATTER = schedule
 
 
 set_scatter(os.environ.get("SIGMA_MOE_SCATTER", "slots"))
+
+
+@contextlib.contextmanager
+def scatter_schedule(schedule: str):
+    """`SCATTER` is `schedule` inside the block (forward and backward alike: the backward
+    reads it when it runs), and what it was after."""
+    before = SCATTER
+    set_scatter(schedule)
+    try:
+        yield
+    finally:
+        set_scatter(before)
 
 
 def _scatter_mm(a_RN, w_ENM, tok_R, off_S, n_tokens, scale=None, order_R=None):

@@ -24,8 +24,9 @@ with release semantics) its group's counter; a reader acquires it and reads Y pa
 `wave_table_kernel` (one program) builds the tile table of a routing: binary searches
 find where block b starts in each (expert, slot) segment (rows are token-sorted in it,
 kernels/routing.py), then tiles are numbered in the wave order.
-Not yet run on a GPU, hence opt-in: SIGMA_MOE_SCATTER=wave (kernels/triton_ops.py) or the
-benchmarks' --scatter wave; scripts/bench_scatter.py times it against the per-slot launches.
+Not yet run on a GPU, hence opt-in: SIGMA_MOE_SCATTER=wave (kernels/triton_ops.py), or the
+benchmarks' `triton_wave` layer; scripts/bench_scatter.py times it against the per-slot
+launches.
 """
 from __future__ import annotations
 

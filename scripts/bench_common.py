@@ -4,6 +4,7 @@ go. torch only (the GPU machines have no Hydra)."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import time
@@ -118,21 +119,25 @@ def write_json(path: Path, out: dict | list) -> None:
     print(f"wrote {path}")
 
 
-def add_scatter_arg(parser) -> None:
-    """--scatter: how the Triton scatter kernels run a token's K slots (see `use_scatter`)."""
-    parser.add_argument("--scatter", choices=["slots", "wave"], default="slots",
-                        help="how the Triton scatter kernels run the K slots: one launch each, "
-                             "or one launch for all (kernels/triton_wave.py; default slots)")
+# benchmark layers that are a `kernels.moe_mlp` backend with another scatter schedule
+# (kernels/triton_ops.py SCATTER): timed in the same rounds as the default, so the two
+# schedules compare as a paired ratio
+SCATTER_VARIANTS = {"triton_wave": ("triton", "wave")}
 
 
-def use_scatter(schedule: str) -> str:
-    """Run the Triton scatter kernels' K slots as `schedule` ("slots": a launch each, "wave":
-    one launch, kernels/triton_wave.py), where Triton is importable. -> the schedule."""
+def layer_backend(layer: str) -> tuple[str, str]:
+    """A benchmark layer's (moe_mlp backend, scatter schedule): "triton_wave" is the fused
+    Triton layer with all K slots of a scatter in one launch (kernels/triton_wave.py)."""
+    return SCATTER_VARIANTS.get(layer, (layer, "slots"))
+
+
+def scatter_schedule(schedule: str):
+    """A context in which the Triton scatters run as `schedule` (nothing to set where
+    Triton is not importable: no Triton layer runs there)."""
     import kernels
 
-    if kernels.HAS_TRITON:
-        kernels.triton_ops.set_scatter(schedule)
-    return schedule
+    return (kernels.triton_ops.scatter_schedule(schedule) if kernels.HAS_TRITON
+            else contextlib.nullcontext())
 
 
 def positive(text: str) -> int:

@@ -4,10 +4,12 @@ Reproduces the benchmark figures of the paper's appendix (Figs. `benchmark_es128
 `benchmark_32exp`, `benchmark`, `benchmark_es`, `benchmark_dmodel`): |B| = 32768 tokens,
 K = 4, one dense MLP (d_ff) against one sigma-MoE layer (selection + N_E experts of size G),
 for every backend of `kernels.moe_mlp` (Triton fused / unfused, torch._grouped_mm, the torch
-path, the per-expert loop). Medians of repeated runs after warm-up, ratios to the dense MLP
-of the same run, FLOP and byte counts with the roofline time, a table on stdout, JSON under
-benchmarks/ and, when matplotlib is installed, the figures of scripts/plot_bench.py in the
-folder of the JSON's name (benchmarks/moe_<device>/). Only the run with the device's
+path, the per-expert loop), and the fused Triton layer with its K-slot scatters in one launch
+(`triton_wave`, kernels/triton_wave.py; opt-in in training until a GPU has measured it).
+Medians of repeated runs after warm-up, ratios to the dense MLP of the same run, FLOP and
+byte counts with the roofline time, a table on stdout, JSON under benchmarks/ and, when
+matplotlib is installed, the figures of scripts/plot_bench.py in the folder of the JSON's
+name (benchmarks/moe_<device>/). Only the run with the device's
 defaults writes there (the committed results come from it); any other run writes under
 runs/bench/ (git-ignored) unless `--out` says where.
 
@@ -20,6 +22,7 @@ Needs torch (+ triton for the Triton backends) and nothing else: no Hydra.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import sys
@@ -39,26 +42,27 @@ from kernels.testing import (  # noqa: E402
 )
 from scripts.bench_common import (  # noqa: E402
     DTYPES,
-    add_scatter_arg,
+    SCATTER_VARIANTS,
     check_device,
     check_k,
     device_slug,
     graph_times,
+    layer_backend,
     out_path,
     paired_ratio,
     parse_with_defaults,
     positive,
+    scatter_schedule,
     sync,
     time_all,
-    use_scatter,
     write_json,
 )
 from scripts.bench_roofline import bytes_moved, device_peaks, flops  # noqa: E402
 
-BACKENDS = ("triton", "triton_unfused", "grouped_mm", "torch", "reference")
+BACKENDS = ("triton", "triton_wave", "triton_unfused", "grouped_mm", "torch", "reference")
 # layers that run with no host sync, so that a CUDA graph captures them; the torch path and
 # the per-expert loop read routing counts on the host (.tolist(), nonzero)
-GRAPHABLE = {"dense", "dense_nobias", "triton", "triton_unfused", "grouped_mm"}
+GRAPHABLE = {"dense", "dense_nobias", "triton", "triton_wave", "triton_unfused", "grouped_mm"}
 # issue 4's GPU targets at the paper's shape (bf16): fused Triton layer / dense MLP time,
 # grouped_mm / Triton time, time / roofline, peak memory / the dense MLP's
 GPU_TARGET = {"d_model": 1024, "n_experts": 32, "expert_size": 128, "k": 4, "tokens": 32768}
@@ -128,7 +132,8 @@ def make_layers(c: dict, T: int, K: int, device: str, dtype: torch.dtype, backen
     def dense_nobias():
         return torch.relu(x @ W1.T) @ W2.T, (x, W1, W2)
 
-    def moe(backend):
+    def moe(layer_name):
+        backend, _ = layer_backend(layer_name)
         # the sigma-MoE selection as models/ffn/experts.py makes it (Triton top-K on CUDA)
         select = kernels.selection_backend(backend)
 
@@ -137,20 +142,22 @@ def make_layers(c: dict, T: int, K: int, device: str, dtype: torch.dtype, backen
             return kernels.moe_mlp(x, expert, gate, w1, w2, backend=backend), (x, w1, w2, w3)
         return forward
 
-    def layer(forward):
+    def layer(forward, schedule="slots"):
         def run(saved=None):
-            if saved is None:
-                y, wrt = forward()
-            else:
+            hooks = contextlib.nullcontext()
+            if saved is not None:
                 def pack(t):
                     ptr = t.untyped_storage().data_ptr()
                     if ptr not in inputs:
                         saved[ptr] = t.untyped_storage().nbytes()
                     return t
 
-                with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                hooks = torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t)
+            # the backward's scatter too reads the schedule (and a CUDA graph captures it)
+            with scatter_schedule(schedule):
+                with hooks:
                     y, wrt = forward()
-            torch.autograd.grad(y, wrt, gy)
+                torch.autograd.grad(y, wrt, gy)
         return run
 
     extra = {}
@@ -162,7 +169,8 @@ def make_layers(c: dict, T: int, K: int, device: str, dtype: torch.dtype, backen
             return kernels.moe_mlp(x, expert0, gate0, w1, w2, backend="torch"), (x, w1, w2)
 
         extra = {"dense_nobias": layer(dense_nobias), "torch_experts_only": layer(experts_only)}
-    return {"dense": layer(dense), **extra, **{b: layer(moe(b)) for b in backends}}
+    return {"dense": layer(dense), **extra,
+            **{b: layer(moe(b), layer_backend(b)[1]) for b in backends}}
 
 
 def saved_mb(fn) -> float:
@@ -176,7 +184,7 @@ def usable_backends(requested, device, dtype) -> tuple[list[str], dict[str, str]
                                                                        device=device)
     ok, skipped = [], {}
     for b in requested:
-        problem = kernels.backend_problem(b, x, w1)
+        problem = kernels.backend_problem(layer_backend(b)[0], x, w1)
         if device == "cpu" and b.startswith("triton"):
             problem = "the Triton interpreter is far too slow to time"
         if problem:
@@ -193,7 +201,9 @@ def check_backends(backends, device, dtype) -> None:
     want = reference_case(case)
     failed = False
     for b in backends:
-        errs = compare(run_case(case, b), want)
+        backend, schedule = layer_backend(b)
+        with scatter_schedule(schedule):
+            errs = compare(run_case(case, backend), want)
         bad = over_tolerance(errs, dtype)
         print(f"check {b:15s} max rel err {max(errs.values()):.2e} " +
               ("FAIL " + str(bad) if bad else "ok"))
@@ -284,7 +294,6 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--peak-tflops", type=float, help="override the device's peak TFLOP/s")
     p.add_argument("--peak-gbps", type=float, help="override the device's peak GB/s")
     p.add_argument("--check", action="store_true", help="verify every backend first")
-    add_scatter_arg(p)
     p.add_argument("--graphs", action=argparse.BooleanOptionalAction, default=True,
                    help="cuda: also time CUDA-graph replays of the layers without a host sync "
                         "(the GPU time without Python's launch costs; default on)")
@@ -318,7 +327,6 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, list[str]]:
 
 def main(argv=None) -> dict:
     args, changed = parse_args(argv)
-    use_scatter(args.scatter)
     cuda = args.device == "cuda"
     all_sweeps = sweeps(args.device)
     dtype = DTYPES[args.dtype]
@@ -336,7 +344,7 @@ def main(argv=None) -> dict:
     out = {"device": peaks["device"], "torch": torch.__version__, "dtype": str(dtype),
            "triton": getattr(sys.modules.get("triton"), "__version__", None),
            "threads": torch.get_num_threads(), "peaks": peaks, "skipped": skipped,
-           "scatter": args.scatter, "sweeps": {}}
+           "sweeps": {}}
     path = args.out or out_path(f"moe_{device_slug(peaks['device'])}.json", changed)
     stem, out_dir = path.stem, path.parent
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -392,16 +400,24 @@ def gpu_target(args, dtype, backends, peaks, done: dict[str, list[dict]]) -> dic
     if "graph_ms" in res["triton"] and "graph_ms" in res["dense"]:
         out["graph"] = judge(res, "graph_")
         print(f"gpu target (CUDA graph): {VERDICTS[out['graph']['pass']]}")
+    # the same targets for the fused layer with another scatter schedule (the wave), which
+    # would become the default where it does better
+    for layer in (v for v in SCATTER_VARIANTS if v in res):
+        out.setdefault("variants", {})[layer] = verdicts = {"eager": judge(res, "", layer)}
+        if "graph_ms" in res[layer] and "graph_ms" in res["dense"]:
+            verdicts["graph"] = judge(res, "graph_", layer)
+        print(f"gpu target ({layer}): " + ", ".join(
+            f"{VERDICTS[v['pass']]} ({timing})" for timing, v in verdicts.items()))
     return out
 
 
 VERDICTS = {True: "PASS", False: "FAIL", None: "INCOMPLETE (a check was not measured)"}
 
 
-def judge(res: dict, timing: str) -> dict:
-    """The GPU targets on the fused Triton layer's eager times (`timing` "") or CUDA-graph
+def judge(res: dict, timing: str, layer: str = "triton") -> dict:
+    """The GPU targets on a fused Triton layer's eager times (`timing` "") or CUDA-graph
     replays ("graph_"), each printed with its verdict -> values, checks and `pass`."""
-    tri, gmm, ms_all = res["triton"], res.get("grouped_mm", {}), timing + "ms_all"
+    tri, gmm, ms_all = res[layer], res.get("grouped_mm", {}), timing + "ms_all"
     got = {"x_dense": tri.get(timing + "ratio_to_dense"),
            "x_roofline": tri[timing + "x_roofline"],
            "peak_x_dense": tri.get("peak_ratio_to_dense"),
@@ -409,7 +425,8 @@ def judge(res: dict, timing: str) -> dict:
                                       if ms_all in gmm else None)}
     checks = {k: None if got[k] is None else (got[k] <= lim if op == "<=" else got[k] >= lim)
               for k, (op, lim) in GPU_LIMITS.items()}
-    label = "gpu target (CUDA graph)" if timing else "gpu target"
+    said = ([layer] if layer != "triton" else []) + (["CUDA graph"] if timing else [])
+    label = "gpu target" + (f" ({', '.join(said)})" if said else "")
     for k, (op, lim) in GPU_LIMITS.items():
         verdict = {True: "PASS", False: "FAIL", None: "not measured"}[checks[k]]
         value = "-" if got[k] is None else f"{got[k]:.3f}"

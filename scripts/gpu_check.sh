@@ -1,68 +1,109 @@
 #!/usr/bin/env bash
 # Issue 4's GPU checks in one go, for a GPU machine with torch + triton only (no Hydra, no
-# install): the device; bench_moe.py's dmodel_g128 sweep (the GPU target case among it, the
-# Triton, grouped_mm and dense layers, eager and CUDA-graph times) with every backend checked
-# against the float64 reference first; the kernel tests (the `gpu` ones included); the
-# per-kernel profile of the target case; the hardware counters of its kernels (Nsight
-# Compute); WT-S and WT-B training steps, dense vs sigma-MoE.
+# install). The steps run most telling first, so a lease that runs out still has those:
+#   env      the device and the versions
+#   scatter  the slot-ordered scatter alone, K launches against one wave launch
+#            (bench_scatter.py). If it fails or hangs, the next steps leave the wave out.
+#   moe      the target case (d_model 1024, N_E 32, G 128, K 4, 32768 tokens): the dense MLP,
+#            the fused Triton layer (per-slot scatters, and `triton_wave`), the unfused one
+#            and grouped_mm. Each is checked against the float64 reference first, then timed
+#            eager and as CUDA-graph replays, and the four targets are judged.
+#   profile  GPU time per kernel of those layers (profile_moe.py)
+#   tests    the kernel tests, the `gpu` ones included
+#   train    WT-S and WT-B training steps, dense vs sigma-MoE, and the steps' slowest kernels
+#   ncu      hardware counters of the dense and the fused layer (Nsight Compute)
+#   sweep    the dmodel_g128 sweep and its figure (Fig. benchmark_es128)
+#   sweeps   not a default step: the paper's four other benchmark figures
 # Each step has its own time limit, so one that hangs or fails leaves the others' results.
-# Output: OUT/gpu_check.log (every step's output) and the JSON (and figures) of each step.
+# Output: OUT/gpu_check.log (every step's output) and each step's JSON (and figures).
 #
-#   bash scripts/gpu_check.sh [OUT]          # OUT: default $OUT, else runs/gpu_check
-#   STEPS="moe profile" bash scripts/gpu_check.sh   # a subset: env moe tests profile wave ncu train
-#   STEPS=sweeps bash scripts/gpu_check.sh         # the paper's four other benchmark figures
-# Each step's limit in seconds: MOE_LIMIT, TESTS_LIMIT, PROFILE_LIMIT, WAVE_LIMIT, NCU_LIMIT,
-# TRAIN_LIMIT, SWEEPS_LIMIT;
-# TESTS_MARK=gpu runs the `gpu` tests only.
+#   bash scripts/gpu_check.sh [OUT]                 # OUT: default $OUT, else runs/gpu_check
+#   STEPS="moe profile" bash scripts/gpu_check.sh   # a subset, in the order above
+#   PACK=1 BUDGET=540 bash scripts/gpu_check.sh "$OUT"   # a 15-minute GPU lease (below)
+# BUDGET=SECONDS: the whole run's limit. A step gets its own limit or what is left of the
+#   budget, whichever is less; a step with under MIN_STEP (20) seconds left is skipped.
+# PACK=1: the results go into OUT/gpu_check.tar.gz, rewritten after every step, beside the
+#   log; for a machine that returns only a few files.
+# Each step's limit in seconds: SCATTER_LIMIT, MOE_LIMIT, PROFILE_LIMIT, TESTS_LIMIT,
+# TRAIN_LIMIT, NCU_LIMIT, SWEEP_LIMIT, SWEEPS_LIMIT. TESTS_MARK=gpu runs the `gpu` tests only.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-${OUT:-runs/gpu_check}}
-steps=${STEPS:-env moe tests profile wave ncu train}
+steps=${STEPS:-env scatter moe profile tests train ncu sweep}
 py=${PYTHON:-python3}
+budget=${BUDGET:-}
+min_step=${MIN_STEP:-20}
 export PYTHONUNBUFFERED=1
 mkdir -p "$out"
+out=$(cd "$out" && pwd)
 log=$out/gpu_check.log
+res=$out  # where the steps write their results
+if [[ ${PACK:-0} == 1 ]]; then
+  res=$(mktemp -d)
+fi
+declare -A status  # step -> exit status
+
+pack() {  # the results so far as one archive, replaced atomically
+  [[ $res == "$out" ]] && return 0
+  cp "$log" "$res/" && tar czf "$out/.gpu_check.tar.gz" -C "$res" . &&
+    mv "$out/.gpu_check.tar.gz" "$out/gpu_check.tar.gz"
+}
 
 run() {  # run NAME SECONDS CMD...: CMD's output to the terminal and to the log
   local name=$1 limit=$2
   shift 2
   [[ " $steps " == *" $name "* ]] || return 0
+  if [[ -n $budget ]]; then
+    local left=$((budget - SECONDS))
+    if ((left < min_step)); then
+      echo "=== $name: skipped, ${left}s of the ${budget}s budget left" | tee -a "$log"
+      return 0
+    fi
+    ((limit > left)) && limit=$left
+  fi
   echo "=== $name (limit ${limit}s): $*" | tee -a "$log"
   local t0=$SECONDS
   timeout "$limit" "$@" 2>&1 | tee -a "$log"
-  echo "=== $name: exit ${PIPESTATUS[0]} after $((SECONDS - t0))s" | tee -a "$log"
+  status[$name]=${PIPESTATUS[0]}
+  echo "=== $name: exit ${status[$name]} after $((SECONDS - t0))s" | tee -a "$log"
+  pack
 }
 
 run env 30 bash -c "nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,\
 clocks.max.sm,temperature.gpu,power.draw --format=csv; $py -c 'import torch, triton, numpy; \
 print(torch.__version__, triton.__version__, numpy.__version__, torch.cuda.get_device_name())'"
+# the one-launch scatter (kernels/triton_wave.py) against the per-slot launches, for several
+# token blocks: graph-replay times, paired ratios and the difference of their results
+run scatter "${SCATTER_LIMIT:-90}" "$py" scripts/bench_scatter.py --out "$res/scatter.json"
+fused="triton triton_wave"
+if [[ ${status[scatter]:-0} != 0 ]]; then
+  fused=triton
+  echo "=== the scatter step failed: the wave (triton_wave) is left out" | tee -a "$log"
+fi
 # the torch path and the per-expert loop are left out: host-synced, seconds per case here
-run moe "${MOE_LIMIT:-200}" "$py" scripts/bench_moe.py --check --sweeps dmodel_g128 \
-  --backends triton triton_unfused grouped_mm --out "$out/moe.json"
+run moe "${MOE_LIMIT:-150}" "$py" scripts/bench_moe.py --check --sweeps \
+  --backends $fused triton_unfused grouped_mm --out "$res/moe.json"
+run profile "${PROFILE_LIMIT:-60}" "$py" scripts/profile_moe.py \
+  --backends $fused triton_unfused grouped_mm --out "$res/profile.json"
 # the ahead-of-time compile tests need no GPU (CI runs them)
 run tests "${TESTS_LIMIT:-200}" "$py" -m pytest -q -p no:cacheprovider tests/test_kernels_triton.py \
   tests/test_kernels_topk.py tests/test_kernels_wave.py \
   -m "${TESTS_MARK:-not slow}" -k "not hopper and not smem_estimate and not spills"
-run profile "${PROFILE_LIMIT:-60}" "$py" scripts/profile_moe.py --out "$out/profile.json"
-# the one-launch scatter (kernels/triton_wave.py; its GPU test ran in the tests step): the
-# scatters alone against the per-slot launches for several token blocks, then the target
-# case checked and judged with it, and its kernels profiled (against the profile above)
-run wave "${WAVE_LIMIT:-150}" bash -c "$py scripts/bench_scatter.py --out '$out/scatter.json'; \
-$py scripts/bench_moe.py --check --sweeps --backends triton --scatter wave \
---out '$out/moe_wave.json' && $py scripts/profile_moe.py --backends triton --scatter wave \
---out '$out/profile_wave.json'"
-# one forward+backward of the dense and the fused layer under ncu (the profile step filled
+run train "${TRAIN_LIMIT:-120}" "$py" scripts/bench_train.py --reps 5 --profile 12 \
+  --out "$res/train.json"
+# one forward+backward of the dense and the fused layers under ncu (the profile step filled
 # Triton's autotune cache: no tuning runs under it), then the counters as a table
 run ncu "${NCU_LIMIT:-120}" bash -c "command -v ncu >/dev/null || { echo 'no ncu here: skipped'; \
 exit 0; }; ncu --profile-from-start off --clock-control none --section SpeedOfLight \
 --section MemoryWorkloadAnalysis --section Occupancy --section WarpStateStats --section LaunchStats \
---print-units base --csv --page raw --log-file '$out/ncu.csv' \
-$py scripts/profile_moe.py --backends triton --ncu \
-&& $py scripts/ncu_table.py '$out/ncu.csv' --out '$out/ncu.json'"
-run train "${TRAIN_LIMIT:-120}" "$py" scripts/bench_train.py --reps 5 --profile 12 \
-  --out "$out/train.json"
+--metrics dram__bytes.sum,lts__t_bytes.sum --print-units base --csv --page raw \
+--log-file '$res/ncu.csv' \
+$py scripts/profile_moe.py --backends $fused --ncu \
+&& $py scripts/ncu_table.py '$res/ncu.csv' --out '$res/ncu.json'"
+run sweep "${SWEEP_LIMIT:-200}" "$py" scripts/bench_moe.py --no-target --sweeps dmodel_g128 \
+  --backends $fused grouped_mm --out "$res/moe_dmodel_g128.json"
 # not a default step (a few minutes more): the sweeps of Figs. benchmark_32exp, benchmark,
 # benchmark_es and benchmark_dmodel, fused Triton and grouped_mm against the dense MLP
 run sweeps "${SWEEPS_LIMIT:-300}" "$py" scripts/bench_moe.py --no-target --reps 10 \
   --sweeps dmodel_ne32 n_experts expert_size dmodel_f4096 --backends triton grouped_mm \
-  --out "$out/moe_sweeps.json"
+  --out "$res/moe_sweeps.json"

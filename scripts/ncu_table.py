@@ -31,6 +31,9 @@ COLUMNS = [
     ("DRAM %", ("dram__throughput.avg.pct_of_peak_sustained_elapsed",
                 "gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed")),
     ("SM %", ("sm__throughput.avg.pct_of_peak_sustained_elapsed",)),
+    # bytes moved, read + written (the traffic each kernel's cost model predicts)
+    ("DRAM MB", ("dram__bytes.sum",)),
+    ("L2 MB", ("lts__t_bytes.sum",)),
     ("L2 hit %", ("lts__t_sector_hit_rate.pct",)),
     ("occup %", ("sm__warps_active.avg.pct_of_peak_sustained_active",)),
     ("regs", ("launch__registers_per_thread",)),
@@ -43,6 +46,11 @@ STALLS = ["long_scoreboard", "barrier", "lg_throttle", "mio_throttle", "short_sc
 STALL_METRIC = "smsp__average_warps_issue_stalled_{}_per_issue_active.ratio"
 TO_US = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3,
          "s": 1e6, "second": 1e6}
+TO_MB = {"byte": 1e-6, "Kbyte": 1e-3, "Mbyte": 1.0, "Gbyte": 1e3, "B": 1e-6, "KB": 1e-3,
+         "MB": 1.0, "GB": 1e3}
+# metric -> (units it is converted from, the unit it is shown in)
+CONVERT = {"gpu__time_duration.sum": (TO_US, "us"), "dram__bytes.sum": (TO_MB, "MB"),
+           "lts__t_bytes.sum": (TO_MB, "MB")}
 
 
 def _number(text: str) -> float | int | str:
@@ -56,7 +64,8 @@ def _number(text: str) -> float | int | str:
 def parse(text: str) -> list[dict]:
     """ncu's raw CSV (lines of its own log interleaved) -> per launch {"id", "kernel",
     "info": the descriptive columns, "metrics": {name: value}, "units": {name: unit}};
-    times in microseconds. Metric columns are the ones named like ncu metrics (a "__")."""
+    times in microseconds, bytes moved in MB. Metric columns are the ones named like ncu
+    metrics (a "__")."""
     lines = [ln for ln in text.splitlines() if ln.startswith('"')]
     if not lines:
         raise ValueError("no CSV rows: was ncu run with --csv --page raw, and did it profile "
@@ -77,9 +86,9 @@ def parse(text: str) -> list[dict]:
                 info[name] = value
             elif value:
                 metrics[name], unit_of[name] = _number(value), unit
-        t = "gpu__time_duration.sum"
-        if isinstance(metrics.get(t), (int, float)) and unit_of[t] in TO_US:
-            metrics[t], unit_of[t] = metrics[t] * TO_US[unit_of[t]], "us"
+        for name, (factors, to) in CONVERT.items():
+            if isinstance(metrics.get(name), (int, float)) and unit_of[name] in factors:
+                metrics[name], unit_of[name] = metrics[name] * factors[unit_of[name]], to
         launches.append({"id": info.get("ID"), "kernel": info.get("Kernel Name", "?"),
                          "info": info, "metrics": metrics, "units": unit_of})
     return launches

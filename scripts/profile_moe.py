@@ -30,14 +30,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from scripts.bench_common import (  # noqa: E402
     DTYPES,
     ROOT,
-    add_scatter_arg,
     check_k,
     device_slug,
     graph_times,
     kernel_table,
     positive,
     sync,
-    use_scatter,
     write_json,
 )
 from scripts.bench_moe import (  # noqa: E402
@@ -93,9 +91,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--d-ff", type=positive, help="the dense MLP's (default N_E * G)")
     p.add_argument("--dtype", choices=list(DTYPES), default="bf16")
     p.add_argument("--backends", nargs="+", choices=BACKENDS,
-                   default=["triton", "triton_unfused", "grouped_mm"])
+                   default=["triton", "triton_wave", "triton_unfused", "grouped_mm"])
     p.add_argument("--warmup", type=int, default=3)
-    add_scatter_arg(p)
     p.add_argument("--reps", type=positive, default=5)
     p.add_argument("--top", type=positive, default=12, help="kernels printed per layer")
     p.add_argument("--out", type=Path, help="JSON path (default runs/bench/profile_<gpu>.json)")
@@ -118,7 +115,7 @@ def main(argv=None) -> dict:
     layers = make_layers(c, args.tokens, args.k, "cuda", DTYPES[args.dtype], args.backends)
     name = torch.cuda.get_device_name()
     out = {"device": name, "torch": torch.__version__, "dtype": args.dtype, "case": c,
-           "tokens": args.tokens, "k": args.k, "scatter": use_scatter(args.scatter),
+           "tokens": args.tokens, "k": args.k,
            "layers": {}}
     for layer, fn in layers.items():
         for _ in range(args.warmup):  # autotuning and compiles stay out of the profile

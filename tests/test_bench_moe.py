@@ -74,7 +74,7 @@ def test_check_refuses_to_time_a_wrong_backend(monkeypatch, capsys):
     (["--k", "2", "--warmup", "0", "--reps", "5"], ["--k", "--warmup", "--reps"]),
     (["--dtype", "bf16", "--no-target"], ["--dtype", "--no-target"]),
     (["--peak-tflops", "1", "--peak-gbps", "1"], ["--peak-tflops", "--peak-gbps"]),
-    (["--scatter", "wave"], ["--scatter"]),
+    (["--backends", "triton", "triton_wave"], ["--backends"]),
 ])
 def test_flags_that_change_the_results(argv, changed):
     assert bench_moe.parse_args(["--device", "cpu", *argv])[1] == changed
@@ -177,6 +177,52 @@ def test_gpu_targets_are_also_judged_on_cuda_graph_times(capsys):
     assert len({len(line) for line in table}) == 1 and table[-1].split()[-3:] == ["-"] * 3
 
 
+def test_the_wave_layer_is_judged_beside_the_default(capsys):
+    """The fused layer with the one-launch scatter (`triton_wave`, timed in the same rounds)
+    gets the same four targets, eager and on graph replays, against its own times; the
+    issue's verdict stays the default layer's."""
+    def r(ms, g_ms, peak=0.3):
+        return {"ms": ms, "ms_all": [ms, ms], "ratio_to_dense": ms / 4, "x_roofline": 8.0,
+                "peak_ratio_to_dense": peak, "saved_ratio_to_dense": 0.2, "graph_ms": g_ms,
+                "graph_ms_all": [g_ms, g_ms], "graph_ratio_to_dense": g_ms / 2.4,
+                "graph_x_roofline": g_ms / 0.5}
+
+    case = {**bench_moe.GPU_TARGET, "d_ff": 4096,
+            "results": {"dense": r(4.0, 2.4), "triton": r(3.0, 1.2), "triton_wave": r(2.6, 0.55),
+                        "grouped_mm": r(3.3, 2.6)}}
+    out = bench_moe.gpu_target(argparse.Namespace(tokens=32768, k=4), torch.bfloat16,
+                               ["triton", "triton_wave", "grouped_mm"], {},
+                               {"dmodel_g128": [case]})
+    assert out["graph"]["pass"] is False and out["graph"]["x_dense"] == pytest.approx(0.5)
+    wave = out["variants"]["triton_wave"]
+    assert wave["graph"]["x_dense"] == pytest.approx(0.55 / 2.4)
+    assert wave["graph"]["grouped_mm_over_triton"] == pytest.approx(2.6 / 0.55)
+    assert wave["graph"]["pass"] is True and wave["eager"]["pass"] is False
+    said = capsys.readouterr().out.splitlines()
+    assert "gpu target (triton_wave, CUDA graph): x_dense = 0.229 (target <= 0.25): PASS" in said
+    assert said[-1] == "gpu target (triton_wave): FAIL (eager), PASS (graph)"
+
+
+def test_the_wave_layer_runs_the_wave_both_ways(monkeypatch):
+    """bench_moe's `triton_wave` layer is the fused Triton layer with the wave scatter in its
+    forward (y) and its backward (dx), checked against the reference like every backend
+    (interpreter, tiny shapes); the schedule is the default again after each call."""
+    from kernels import triton_ops, triton_wave
+
+    calls = []
+    real = triton_wave.scatter_mm_wave
+    monkeypatch.setattr(triton_ops, "scatter_mm_wave",
+                        lambda *a, **k: calls.append(a[4]) or real(*a, **k))
+    c = {"d_model": 16, "n_experts": 3, "expert_size": 16, "d_ff": 48}
+    layers = bench_moe.make_layers(c, 11, 2, "cpu", torch.float32, ["triton", "triton_wave"])
+    layers["triton"]()
+    assert calls == [] and triton_ops.SCATTER == "slots"
+    layers["triton_wave"]()
+    assert calls == [11, 11] and triton_ops.SCATTER == "slots"  # y, then dx
+    bench_moe.check_backends(["triton_wave"], "cpu", torch.float32)
+    assert len(calls) == 4
+
+
 def test_moe_bytes_count_the_sorted_rows_t_times_k():
     """Mutant `six(T * K, G, ...)` -> `six(T, G, ...)`: the MoE's gathered operands counted
     once, not K times (docstring)."""
@@ -242,18 +288,20 @@ NCU_CSV = '''==PROF== Connected to process 4242 (/usr/bin/python3)
 ==PROF== Profiling "scatter_mm_kernel" - 0: 0%....50%....100% - 38 passes
 "ID","Process ID","Kernel Name","Block Size","Grid Size","gpu__time_duration.sum",\
 "dram__throughput.avg.pct_of_peak_sustained_elapsed","launch__registers_per_thread",\
-"smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio"
-"","","","","","nsecond","%","register/thread","ratio"
-"0","4242","scatter_mm_kernel","(256, 1, 1)","(2104, 1, 1)","70,464","41.87","128","12.5"
-"1","4242","topk_kernel","(128, 1, 1)","(256, 1, 1)","3,072","",40,"1.25"
+"smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio","dram__bytes.sum"
+"","","","","","nsecond","%","register/thread","ratio","byte"
+"0","4242","scatter_mm_kernel","(256, 1, 1)","(2104, 1, 1)","70,464","41.87","128","12.5",\
+"134,217,728"
+"1","4242","topk_kernel","(128, 1, 1)","(256, 1, 1)","3,072","",40,"1.25","2,097,152"
 ==PROF== Disconnected from process 4242
 '''
 
 
 def test_ncu_table_reads_the_raw_csv_among_ncu_log_lines(tmp_path, capsys):
     """scripts/ncu_table.py (gpu_check.sh's ncu step): one row a launch, ncu's own log lines
-    skipped, thousands separators and nanoseconds read (to microseconds), a counter this ncu
-    did not collect shown as "-", every counter in the JSON; a log with no CSV says why."""
+    skipped, thousands separators read, nanoseconds to microseconds and bytes to MB, a
+    counter this ncu did not collect shown as "-", every counter in the JSON; a log with no
+    CSV says why."""
     from scripts import ncu_table
 
     path = tmp_path / "ncu.csv"
@@ -268,10 +316,13 @@ def test_ncu_table_reads_the_raw_csv_among_ncu_log_lines(tmp_path, capsys):
     assert scatter["info"]["Block Size"] == "(256, 1, 1)"
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].split()[:4] == ["id", "kernel", "us", "DRAM"]
-    # no SM counter collected: "-"; counts stay integers
-    assert lines[1].split()[:7] == ["0", "scatter_mm_kernel", "70.5", "41.9", "-", "-", "-"]
-    assert lines[1].split()[7] == "128"
+    assert "DRAM MB" in lines[0] and "L2 MB" in lines[0]
+    # no SM counter or L2 bytes collected: "-"; counts stay integers
+    assert lines[1].split()[:9] == ["0", "scatter_mm_kernel", "70.5", "41.9", "-", "134.2", "-",
+                                    "-", "-"]
+    assert lines[1].split()[9] == "128"
     assert lines[2].split()[:4] == ["1", "topk_kernel", "3.1", "-"]
+    assert scatter["units"]["dram__bytes.sum"] == "MB"
     assert json.loads((tmp_path / "ncu.json").read_text())[1]["metrics"][
         "launch__registers_per_thread"] == 40
     no_units = "\n".join(ln for ln in NCU_CSV.splitlines() if not ln.startswith('"",'))
@@ -281,33 +332,48 @@ def test_ncu_table_reads_the_raw_csv_among_ncu_log_lines(tmp_path, capsys):
         ncu_table.main([str(path)])
 
 
-def test_gpu_check_runs_only_commands_its_scripts_accept(tmp_path, monkeypatch):
-    """scripts/gpu_check.sh (what a short GPU lease runs, where a typo costs the lease): run
-    with a stand-in python (records its arguments) and a stand-in ncu (records, then runs
-    the program it wraps), every step and every script call parses with that script's own
-    argument parser (as on a CUDA machine); the steps keep running past a failing one."""
-    import importlib
+def _gpu_check(tmp_path, out="out", **env):
+    """Run scripts/gpu_check.sh with a stand-in python (records its arguments, writes an
+    empty JSON where --out says; FAIL=script exits 1 for that script, SLEEP=script sleeps
+    10 s) and a stand-in ncu (records, then runs the program it wraps). -> (the calls as
+    argument lists, the log's (step, exit) pairs, the log's text)."""
     import shlex
     import subprocess
 
     log = tmp_path / "calls.log"
     py = tmp_path / "python"
-    py.write_text(f'#!/bin/sh\necho "$*" >> {log}\n')
+    py.write_text(f"""#!/bin/bash
+echo "$*" >> {log}
+[[ $1 == *"${{SLEEP:-none}}"* ]] && sleep 10
+[[ $1 == *"${{FAIL:-none}}"* ]] && exit 1
+while [[ $# -gt 0 ]]; do [[ $1 == --out ]] && echo '{{}}' > "$2"; shift; done
+exit 0
+""")
     ncu = tmp_path / "ncu"
     ncu.write_text(f'#!/bin/bash\necho "ncu $*" >> {log}\n'
                    'while [[ $# -gt 0 && "$1" != "$PYTHON" ]]; do shift; done\nexec "$@"\n')
     for f in (py, ncu):
         f.chmod(0o755)
-    env = {"PATH": f"{tmp_path}:/usr/bin:/bin", "PYTHON": str(py),
-           "STEPS": "env moe tests profile wave ncu train sweeps"}
     root = Path(__file__).resolve().parents[1]
-    out = subprocess.run(["bash", "scripts/gpu_check.sh", str(tmp_path / "out")], cwd=root,
-                         env=env, capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0, out.stderr
-    steps = re.findall(r"=== (\w+): exit (\d+)", (tmp_path / "out" / "gpu_check.log").read_text())
-    assert [s for s, _ in steps] == ["env", "moe", "tests", "profile", "wave", "ncu", "train",
-                                     "sweeps"]
+    done = subprocess.run(["bash", "scripts/gpu_check.sh", str(tmp_path / out)], cwd=root,
+                          env={"PATH": f"{tmp_path}:/usr/bin:/bin", "PYTHON": str(py), **env},
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    text = (tmp_path / out / "gpu_check.log").read_text()
     calls = [shlex.split(line) for line in log.read_text().splitlines()]
+    return calls, re.findall(r"=== (\w+): (exit \d+|skipped)", text), text
+
+
+def test_gpu_check_runs_only_commands_its_scripts_accept(tmp_path, monkeypatch):
+    """scripts/gpu_check.sh (what a short GPU lease runs, where a typo costs the lease):
+    every step runs, in order, and every script call parses with that script's own argument
+    parser (as on a CUDA machine); the steps keep running past a failing one."""
+    import importlib
+
+    calls, steps, _ = _gpu_check(
+        tmp_path, STEPS="env scatter moe profile tests train ncu sweep sweeps")
+    assert [s for s, _ in steps] == ["env", "scatter", "moe", "profile", "tests", "train",
+                                     "ncu", "sweep", "sweeps"]
     scripts = {}
     for call in calls:
         if call[0].startswith("scripts/"):
@@ -318,12 +384,48 @@ def test_gpu_check_runs_only_commands_its_scripts_accept(tmp_path, monkeypatch):
     ncu_call = next(c for c in calls if c[0] == "ncu")
     assert {"--profile-from-start", "--csv"} <= set(ncu_call)
     assert scripts["profile_moe"][-1][-1] == "--ncu"
+    assert "triton_wave" in scripts["bench_moe"][0]  # the scatter step passed
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # as on the GPU machine
     for name, arg_lists in scripts.items():
         module = importlib.import_module(f"scripts.{name}")
         for args in arg_lists:
             device = ["--device", "cuda"] if name in ("bench_moe", "bench_train") else []
             module.parse_args([*args, *device])  # argparse's SystemExit fails the test
+
+
+def test_gpu_check_leaves_out_a_wave_that_failed(tmp_path):
+    """A wave scatter that fails (or hangs) in the scatter step is not timed again: the
+    steps after it run the fused layer with the per-slot scatters only."""
+    calls, steps, text = _gpu_check(tmp_path, STEPS="scatter moe profile ncu sweep",
+                                    FAIL="bench_scatter")
+    assert steps[0] == ("scatter", "exit 1")
+    assert "the wave (triton_wave) is left out" in text
+    later = [c for c in calls if c[0] in ("scripts/bench_moe.py", "scripts/profile_moe.py")]
+    assert len(later) == 4 and not any("triton_wave" in c for c in later)
+
+
+def test_gpu_check_packs_its_results_and_keeps_to_its_budget(tmp_path):
+    """PACK=1 (a lease that returns few files): the log and one archive of every step's
+    results. BUDGET: a step runs at most as long as the budget has left (the scatter step
+    here: killed after ~5 s, not its own 90), and the steps with too little left are
+    skipped, said so in the log."""
+    import tarfile
+    import time
+
+    t0 = time.monotonic()
+    calls, steps, text = _gpu_check(tmp_path, STEPS="scatter moe profile train",
+                                    PACK="1", BUDGET="5", MIN_STEP="1", SLEEP="bench_scatter")
+    assert time.monotonic() - t0 < 9
+    assert steps == [("scatter", "exit 124"), ("moe", "skipped"), ("profile", "skipped"),
+                     ("train", "skipped")]
+    assert "=== scatter (limit 5s)" in text
+    calls, steps, _ = _gpu_check(tmp_path, "packed", STEPS="scatter moe profile train", PACK="1")
+    assert [e for _, e in steps] == ["exit 0"] * 4
+    out = tmp_path / "packed"
+    assert sorted(p.name for p in out.iterdir()) == ["gpu_check.log", "gpu_check.tar.gz"]
+    with tarfile.open(out / "gpu_check.tar.gz") as tar:
+        names = {Path(n).name for n in tar.getnames()}
+    assert {"gpu_check.log", "scatter.json", "moe.json", "profile.json", "train.json"} <= names
 
 
 @pytest.mark.parametrize("script,argv,message", [

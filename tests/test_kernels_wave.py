@@ -185,7 +185,7 @@ def test_unknown_scatter_schedule_is_refused():
     out = subprocess.run([sys.executable, "-c", "import kernels.triton_ops"], env=env,
                          capture_output=True, text=True)
     assert out.returncode != 0
-    assert ("scatter schedule 'waves' (SIGMA_MOE_SCATTER, --scatter): choose one of "
+    assert ("scatter schedule 'waves' (SIGMA_MOE_SCATTER): choose one of "
             "('slots', 'wave')") in out.stderr
 
 
