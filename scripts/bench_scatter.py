@@ -10,8 +10,11 @@ W1 read transposed). Per variant: eager and CUDA-graph milliseconds (median of i
 rounds after warm-up), the graph time over the slot launches' in the same round, the
 DRAM-time floor of the slot launches' traffic (A once, Y written K times and read K - 1)
 and of the traffic an L2 that kept Y would leave (A once, Y written once), and the largest
-difference from the slot launches' result (relative to its largest entry). torch + triton
-only (no Hydra). JSON to runs/bench/scatter_<device>.json (or --out).
+difference from the slot launches' result (relative to its largest entry), checked before
+any timing: a line `check fwd: ok` (or FAIL) per scatter, and exit status 1 after the JSON
+if a wave variant is off by more than the dtype's tolerance (its tiles may take other block
+sizes, so the bits may differ; a missed wait would leave a slot out: an O(1) error).
+torch + triton only (no Hydra). JSON to runs/bench/scatter_<device>.json (or --out).
 """
 from __future__ import annotations
 
@@ -24,6 +27,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from kernels.testing import TOLERANCE  # noqa: E402
 from scripts.bench_common import (  # noqa: E402
     DTYPES,
     ROOT,
@@ -116,12 +120,19 @@ def main(argv=None) -> dict:
     floor = (f"DRAM floor at {bw / 1e12:.1f} TB/s: slots {bytes_slots / bw * 1e3:.3f} ms, "
              f"Y kept in L2 {bytes_l2 / bw * 1e3:.3f} ms") if bw else "no datasheet bandwidth"
     print(f"{name}, {args.dtype}, T={T} N={N} E={args.n_experts} G={G} K={args.k}; {floor}")
-    print(f"{'scatter':6} {'variant':20} {'ms':>8} {'graph ms':>9} {'x slots':>8} {'rel diff':>9}")
+    failed = False
     for kind, (a, w, kw) in kinds.items():
         fns = variants(args, routing, a, w, kw)
         want = fns["slots"]()
         diffs = {k: ((fn() - want).abs().max() / want.abs().max()).item()
                  for k, fn in fns.items()}
+        bad = {k: d for k, d in diffs.items() if not d <= TOLERANCE[DTYPES[args.dtype]]}
+        failed |= bool(bad)
+        # before the timings: scripts/gpu_check.sh times the wave layer only after these
+        print(f"check {kind}: {'FAIL ' + str(bad) if bad else 'ok'} (largest difference from "
+              f"the slot launches {max(diffs.values()):.1e})")
+        print(f"{'scatter':6} {'variant':20} {'ms':>8} {'graph ms':>9} {'x slots':>8} "
+              f"{'rel diff':>9}")
         eager = time_all(fns, device, args.warmup, args.reps)
         graph = graph_times(fns, 1, args.reps) if cuda else None
         for k in fns:
@@ -137,6 +148,8 @@ def main(argv=None) -> dict:
                  else f"{'-':>9} {'-':>8}")
             print(f"{kind:6} {k:20} {row['ms']:8.3f} {g} {diffs[k]:9.2e}")
     write_json(args.out or ROOT / "runs" / "bench" / f"scatter_{device_slug(name)}.json", out)
+    if failed:
+        sys.exit("error: a wave variant disagrees with the per-slot launches (check lines)")
     return out
 
 

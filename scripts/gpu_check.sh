@@ -3,7 +3,8 @@
 # install). The steps run most telling first, so a lease that runs out still has those:
 #   env      the device and the versions
 #   scatter  the slot-ordered scatter alone, K launches against one wave launch
-#            (bench_scatter.py). If it fails or hangs, the next steps leave the wave out.
+#            (bench_scatter.py). Unless it checked both scatters' waves against the K
+#            launches (a wave that fails, disagrees or hangs), the next steps leave it out.
 #   moe      the target case (d_model 1024, N_E 32, G 128, K 4, 32768 tokens): the dense MLP,
 #            the fused Triton layer (per-slot scatters, and `triton_wave`), the unfused one
 #            and grouped_mm. Each is checked against the float64 reference first, then timed
@@ -41,7 +42,7 @@ res=$out  # where the steps write their results
 if [[ ${PACK:-0} == 1 ]]; then
   res=$(mktemp -d)
 fi
-declare -A status  # step -> exit status
+declare -A status first  # step -> exit status, its first line in the log
 
 pack() {  # the results so far as one archive, replaced atomically
   [[ $res == "$out" ]] && return 0
@@ -61,6 +62,7 @@ run() {  # run NAME SECONDS CMD...: CMD's output to the terminal and to the log
     fi
     ((limit > left)) && limit=$left
   fi
+  first[$name]=$(($(wc -l <"$log" 2>/dev/null || echo 0) + 1))
   echo "=== $name (limit ${limit}s): $*" | tee -a "$log"
   local t0=$SECONDS
   timeout "$limit" "$@" 2>&1 | tee -a "$log"
@@ -74,11 +76,14 @@ clocks.max.sm,temperature.gpu,power.draw --format=csv; $py -c 'import torch, tri
 print(torch.__version__, triton.__version__, numpy.__version__, torch.cuda.get_device_name())'"
 # the one-launch scatter (kernels/triton_wave.py) against the per-slot launches, for several
 # token blocks: graph-replay times, paired ratios and the difference of their results
-run scatter "${SCATTER_LIMIT:-90}" "$py" scripts/bench_scatter.py --out "$res/scatter.json"
+run scatter "${SCATTER_LIMIT:-180}" "$py" scripts/bench_scatter.py --out "$res/scatter.json"
 fused="triton triton_wave"
-if [[ ${status[scatter]:-0} != 0 ]]; then
+# its check lines come before its timings: a run cut short while timing still counts
+if [[ -n ${status[scatter]:-} ]] &&
+  (($(tail -n +"${first[scatter]}" "$log" | grep -c '^check \(fwd\|dx\): ok') < 2)); then
   fused=triton
-  echo "=== the scatter step failed: the wave (triton_wave) is left out" | tee -a "$log"
+  echo "=== the scatter step did not check the wave: it (triton_wave) is left out" |
+    tee -a "$log"
 fi
 # the torch path and the per-expert loop are left out: host-synced, seconds per case here
 run moe "${MOE_LIMIT:-150}" "$py" scripts/bench_moe.py --check --sweeps \

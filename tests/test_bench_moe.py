@@ -334,9 +334,10 @@ def test_ncu_table_reads_the_raw_csv_among_ncu_log_lines(tmp_path, capsys):
 
 def _gpu_check(tmp_path, out="out", **env):
     """Run scripts/gpu_check.sh with a stand-in python (records its arguments, writes an
-    empty JSON where --out says; FAIL=script exits 1 for that script, SLEEP=script sleeps
-    10 s) and a stand-in ncu (records, then runs the program it wraps). -> (the calls as
-    argument lists, the log's (step, exit) pairs, the log's text)."""
+    empty JSON where --out says, prints bench_scatter's check lines unless NO_CHECK is set;
+    FAIL=script exits 1 for that script, SLEEP=script sleeps 10 s) and a stand-in ncu
+    (records, then runs the program it wraps). -> (the calls as argument lists, the log's
+    (step, exit) pairs, the log's text)."""
     import shlex
     import subprocess
 
@@ -344,6 +345,7 @@ def _gpu_check(tmp_path, out="out", **env):
     py = tmp_path / "python"
     py.write_text(f"""#!/bin/bash
 echo "$*" >> {log}
+[[ $1 == *bench_scatter* && -z ${{NO_CHECK:-}} ]] && printf 'check fwd: ok\\ncheck dx: ok\\n'
 [[ $1 == *"${{SLEEP:-none}}"* ]] && sleep 10
 [[ $1 == *"${{FAIL:-none}}"* ]] && exit 1
 while [[ $# -gt 0 ]]; do [[ $1 == --out ]] && echo '{{}}' > "$2"; shift; done
@@ -394,14 +396,21 @@ def test_gpu_check_runs_only_commands_its_scripts_accept(tmp_path, monkeypatch):
 
 
 def test_gpu_check_leaves_out_a_wave_that_failed(tmp_path):
-    """A wave scatter that fails (or hangs) in the scatter step is not timed again: the
-    steps after it run the fused layer with the per-slot scatters only."""
+    """A wave scatter that fails, disagrees or hangs before the scatter step has checked
+    both scatters is not timed again: the steps after it run the fused layer with the
+    per-slot scatters only. One cut short while timing, after its checks, is kept."""
+    def timed(calls):
+        return [c for c in calls if c[0] in ("scripts/bench_moe.py", "scripts/profile_moe.py")]
+
     calls, steps, text = _gpu_check(tmp_path, STEPS="scatter moe profile ncu sweep",
-                                    FAIL="bench_scatter")
+                                    FAIL="bench_scatter", NO_CHECK="1")
     assert steps[0] == ("scatter", "exit 1")
-    assert "the wave (triton_wave) is left out" in text
-    later = [c for c in calls if c[0] in ("scripts/bench_moe.py", "scripts/profile_moe.py")]
-    assert len(later) == 4 and not any("triton_wave" in c for c in later)
+    assert "the scatter step did not check the wave: it (triton_wave) is left out" in text
+    assert len(timed(calls)) == 4 and not any("triton_wave" in c for c in timed(calls))
+    calls, steps, text = _gpu_check(tmp_path, "cut", STEPS="scatter moe", SLEEP="bench_scatter",
+                                    SCATTER_LIMIT="1")
+    assert steps[0] == ("scatter", "exit 124") and "left out" not in text
+    assert all("triton_wave" in c for c in timed(calls)[-1:])
 
 
 def test_gpu_check_packs_its_results_and_keeps_to_its_budget(tmp_path):

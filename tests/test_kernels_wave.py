@@ -214,22 +214,37 @@ def test_table_kernel_compiles_for_hopper():
         assert order[first: first + 5] == ["st", "bar", "ld", "bar", "st"], table["order"]
 
 
-def test_bench_scatter_times_every_variant(tmp_path):
-    """scripts/bench_scatter.py end to end on a tiny case (the interpreter: no graph times)."""
+def test_bench_scatter_times_every_variant(tmp_path, monkeypatch, capsys):
+    """scripts/bench_scatter.py end to end on a tiny case (the interpreter: no graph times):
+    each scatter's wave variants are checked against the slot launches before the timings
+    (the lines gpu_check.sh reads); a wave that is off fails the run, after its JSON."""
     import json
 
     from scripts import bench_scatter
 
     path = tmp_path / "scatter.json"
-    bench_scatter.main(["--tokens", "24", "--d-model", "16", "--n-experts", "3",
-                        "--expert-size", "16", "--k", "2", "--blocks", "1", "2",
-                        "--dtype", "fp32", "--warmup", "0", "--reps", "1",
-                        "--out", str(path)])
+    argv = ["--tokens", "24", "--d-model", "16", "--n-experts", "3", "--expert-size", "16",
+            "--k", "2", "--blocks", "1", "2", "--dtype", "fp32", "--warmup", "0", "--reps",
+            "1", "--out", str(path)]
+    bench_scatter.main(argv)
     rows = json.loads(path.read_text())["results"]
     assert [(r["kind"], r["variant"]) for r in rows] == [
         (kind, v) for kind in ("fwd", "dx")
         for v in ("slots", "wave B=1 (default)", "wave B=2")]
     assert all(r["rel_diff"] < 1e-6 and r["ms"] > 0 for r in rows)
+    said = capsys.readouterr().out.splitlines()
+    assert [ln.split(" (")[0] for ln in said if ln.startswith("check")] == [
+        "check fwd: ok", "check dx: ok"]
+    real = triton_wave.scatter_mm_wave  # a wave that misses a wait: a slot left out
+    monkeypatch.setattr(triton_wave, "scatter_mm_wave",
+                        lambda *a, n_blocks, **k: real(*a, n_blocks=n_blocks, **k) * (
+                            1.0 if n_blocks == 1 else 0.5))
+    path.unlink()
+    with pytest.raises(SystemExit, match="a wave variant disagrees"):
+        bench_scatter.main(argv)
+    assert path.is_file()
+    checks = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("check")]
+    assert checks[0].startswith("check fwd: FAIL {'wave B=2': ")
 
 
 # ---------------------------------------------------------------------------- GPU only
