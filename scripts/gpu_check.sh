@@ -28,7 +28,7 @@
 # Each step's limit in seconds: SCATTER_LIMIT, MOE_LIMIT, PROFILE_LIMIT, TESTS_LIMIT,
 # TRAIN_LIMIT, NCU_LIMIT, SWEEP_LIMIT, SWEEPS_LIMIT. TESTS_MARK=gpu runs the `gpu` tests only.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit
 out=${1:-${OUT:-runs/gpu_check}}
 steps=${STEPS:-env scatter moe profile tests train ncu sweep}
 py=${PYTHON:-python3}
@@ -38,6 +38,7 @@ export PYTHONUNBUFFERED=1
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 log=$out/gpu_check.log
+touch "$log"
 res=$out  # where the steps write their results
 if [[ ${PACK:-0} == 1 ]]; then
   res=$(mktemp -d)
@@ -62,7 +63,7 @@ run() {  # run NAME SECONDS CMD...: CMD's output to the terminal and to the log
     fi
     ((limit > left)) && limit=$left
   fi
-  first[$name]=$(($(wc -l <"$log" 2>/dev/null || echo 0) + 1))
+  first[$name]=$(($(wc -l <"$log") + 1))
   echo "=== $name (limit ${limit}s): $*" | tee -a "$log"
   local t0=$SECONDS
   timeout "$limit" "$@" 2>&1 | tee -a "$log"
@@ -77,19 +78,19 @@ print(torch.__version__, triton.__version__, numpy.__version__, torch.cuda.get_d
 # the one-launch scatter (kernels/triton_wave.py) against the per-slot launches, for several
 # token blocks: graph-replay times, paired ratios and the difference of their results
 run scatter "${SCATTER_LIMIT:-180}" "$py" scripts/bench_scatter.py --out "$res/scatter.json"
-fused="triton triton_wave"
+fused=(triton triton_wave)
 # its check lines come before its timings: a run cut short while timing still counts
 if [[ -n ${status[scatter]:-} ]] &&
   (($(tail -n +"${first[scatter]}" "$log" | grep -c '^check \(fwd\|dx\): ok') < 2)); then
-  fused=triton
+  fused=(triton)
   echo "=== the scatter step did not check the wave: it (triton_wave) is left out" |
     tee -a "$log"
 fi
 # the torch path and the per-expert loop are left out: host-synced, seconds per case here
 run moe "${MOE_LIMIT:-150}" "$py" scripts/bench_moe.py --check --sweeps \
-  --backends $fused triton_unfused grouped_mm --out "$res/moe.json"
+  --backends "${fused[@]}" triton_unfused grouped_mm --out "$res/moe.json"
 run profile "${PROFILE_LIMIT:-60}" "$py" scripts/profile_moe.py \
-  --backends $fused triton_unfused grouped_mm --out "$res/profile.json"
+  --backends "${fused[@]}" triton_unfused grouped_mm --out "$res/profile.json"
 # the ahead-of-time compile tests need no GPU (CI runs them)
 run tests "${TESTS_LIMIT:-200}" "$py" -m pytest -q -p no:cacheprovider tests/test_kernels_triton.py \
   tests/test_kernels_topk.py tests/test_kernels_wave.py \
@@ -103,10 +104,10 @@ exit 0; }; ncu --profile-from-start off --clock-control none --section SpeedOfLi
 --section MemoryWorkloadAnalysis --section Occupancy --section WarpStateStats --section LaunchStats \
 --metrics dram__bytes.sum,lts__t_bytes.sum --print-units base --csv --page raw \
 --log-file '$res/ncu.csv' \
-$py scripts/profile_moe.py --backends $fused --ncu \
+$py scripts/profile_moe.py --backends ${fused[*]} --ncu \
 && $py scripts/ncu_table.py '$res/ncu.csv' --out '$res/ncu.json'"
 run sweep "${SWEEP_LIMIT:-200}" "$py" scripts/bench_moe.py --no-target --sweeps dmodel_g128 \
-  --backends $fused grouped_mm --out "$res/moe_dmodel_g128.json"
+  --backends "${fused[@]}" grouped_mm --out "$res/moe_dmodel_g128.json"
 # not a default step (a few minutes more): the sweeps of Figs. benchmark_32exp, benchmark,
 # benchmark_es and benchmark_dmodel, fused Triton and grouped_mm against the dense MLP
 run sweeps "${SWEEPS_LIMIT:-300}" "$py" scripts/bench_moe.py --no-target --reps 10 \
