@@ -3,8 +3,8 @@
 # install). The steps run most telling first, so a lease that runs out still has those:
 #   env      the device and the versions
 #   scatter  the slot-ordered scatter alone, K launches against one wave launch
-#            (bench_scatter.py). Unless it checked both scatters' waves against the K
-#            launches (a wave that fails, disagrees or hangs), the next steps leave it out.
+#            (bench_scatter.py), both scatters checked first. Unless it passes (or its limit
+#            cuts it short after both checks), the next steps leave the wave out.
 #   moe      the target case (d_model 1024, N_E 32, G 128, K 4, 32768 tokens): the dense MLP,
 #            the fused Triton layer (per-slot scatters, and `triton_wave`), the unfused one
 #            and grouped_mm. Each is checked against the float64 reference first, then timed
@@ -20,28 +20,35 @@
 #
 #   bash scripts/gpu_check.sh [OUT]                 # OUT: default $OUT, else runs/gpu_check
 #   STEPS="moe profile" bash scripts/gpu_check.sh   # a subset, in the order above
-#   PACK=1 BUDGET=540 bash scripts/gpu_check.sh "$OUT"   # a 15-minute GPU lease (below)
+#   PACK=1 BUDGET=560 bash scripts/gpu_check.sh "$OUT"   # a 15-minute GPU lease (below)
 # BUDGET=SECONDS: the whole run's limit. A step gets its own limit or what is left of the
-#   budget, whichever is less; a step with under MIN_STEP (20) seconds left is skipped.
+#   budget (less GRACE, 10 s for a step that ignores SIGTERM to be killed), whichever is
+#   less; a step with under MIN_STEP (20) seconds left is skipped.
 # PACK=1: the results go into OUT/gpu_check.tar.gz, rewritten after every step, beside the
 #   log; for a machine that returns only a few files.
 # Each step's limit in seconds: SCATTER_LIMIT, MOE_LIMIT, PROFILE_LIMIT, TESTS_LIMIT,
 # TRAIN_LIMIT, NCU_LIMIT, SWEEP_LIMIT, SWEEPS_LIMIT. TESTS_MARK=gpu runs the `gpu` tests only.
 set -uo pipefail
+SECONDS=0  # bash would take an exported SECONDS as its start
 cd "$(dirname "$0")/.." || exit
 out=${1:-${OUT:-runs/gpu_check}}
 steps=${STEPS:-env scatter moe profile tests train ncu sweep}
 py=${PYTHON:-python3}
 budget=${BUDGET:-}
 min_step=${MIN_STEP:-20}
+grace=${GRACE:-10}
+for v in budget min_step grace; do
+  [[ -z ${!v} || ${!v} =~ ^[0-9]+$ ]] || { echo "error: ${v^^}=${!v}: a whole number of seconds"; exit 2; }
+done
+((min_step >= 1)) || { echo "error: MIN_STEP must be at least 1 (timeout 0 never ends)"; exit 2; }
 export PYTHONUNBUFFERED=1
-mkdir -p "$out"
+mkdir -p "$out" || exit
 out=$(cd "$out" && pwd)
 log=$out/gpu_check.log
 touch "$log"
 res=$out  # where the steps write their results
 if [[ ${PACK:-0} == 1 ]]; then
-  res=$(mktemp -d)
+  res=$(mktemp -d) || exit
 fi
 declare -A status first  # step -> exit status, its first line in the log
 
@@ -56,9 +63,10 @@ run() {  # run NAME SECONDS CMD...: CMD's output to the terminal and to the log
   shift 2
   [[ " $steps " == *" $name "* ]] || return 0
   if [[ -n $budget ]]; then
-    local left=$((budget - SECONDS))
+    local left=$((budget - SECONDS - grace))
     if ((left < min_step)); then
-      echo "=== $name: skipped, ${left}s of the ${budget}s budget left" | tee -a "$log"
+      echo "=== $name: skipped, $((budget - SECONDS))s of the ${budget}s budget left" |
+        tee -a "$log"
       return 0
     fi
     ((limit > left)) && limit=$left
@@ -66,10 +74,20 @@ run() {  # run NAME SECONDS CMD...: CMD's output to the terminal and to the log
   first[$name]=$(($(wc -l <"$log") + 1))
   echo "=== $name (limit ${limit}s): $*" | tee -a "$log"
   local t0=$SECONDS
-  timeout "$limit" "$@" 2>&1 | tee -a "$log"
-  status[$name]=${PIPESTATUS[0]}
+  # SIGKILL `grace` seconds after a SIGTERM that did not end it; tee in a process
+  # substitution, which bash does not wait for (a pipe's tee would wait for any process
+  # that still holds the output, e.g. one that left the process group)
+  timeout -k "$grace" "$limit" "$@" > >(tee -a "$log") 2>&1
+  status[$name]=$?
   echo "=== $name: exit ${status[$name]} after $((SECONDS - t0))s" | tee -a "$log"
   pack
+}
+
+checked() {  # checked STEP PATTERN...: STEP printed a line starting with each pattern
+  local p
+  for p in "${@:2}"; do
+    tail -n +"${first[$1]}" "$log" | grep -q "^$p" || return 1
+  done
 }
 
 run env 30 bash -c "nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,\
@@ -79,12 +97,17 @@ print(torch.__version__, triton.__version__, numpy.__version__, torch.cuda.get_d
 # token blocks: graph-replay times, paired ratios and the difference of their results
 run scatter "${SCATTER_LIMIT:-180}" "$py" scripts/bench_scatter.py --out "$res/scatter.json"
 fused=(triton triton_wave)
-# its check lines come before its timings: a run cut short while timing still counts
-if [[ -n ${status[scatter]:-} ]] &&
-  (($(tail -n +"${first[scatter]}" "$log" | grep -c '^check \(fwd\|dx\): ok') < 2)); then
+no_wave=""
+# the wave is timed on only if the scatter step passed, or if its limit cut it short after
+# both checks (they come before its timings)
+case ${status[scatter]:-none} in
+  none | 0) ;;
+  124 | 137) checked scatter "check fwd: ok" "check dx: ok" || no_wave=1 ;;
+  *) no_wave=1 ;;
+esac
+if [[ -n $no_wave ]]; then
   fused=(triton)
-  echo "=== the scatter step did not check the wave: it (triton_wave) is left out" |
-    tee -a "$log"
+  echo "=== the scatter step did not pass: the wave (triton_wave) is left out" | tee -a "$log"
 fi
 # the torch path and the per-expert loop are left out: host-synced, seconds per case here
 run moe "${MOE_LIMIT:-150}" "$py" scripts/bench_moe.py --check --sweeps \
@@ -94,7 +117,8 @@ run profile "${PROFILE_LIMIT:-60}" "$py" scripts/profile_moe.py \
 # the ahead-of-time compile tests need no GPU (CI runs them)
 run tests "${TESTS_LIMIT:-200}" "$py" -m pytest -q -p no:cacheprovider tests/test_kernels_triton.py \
   tests/test_kernels_topk.py tests/test_kernels_wave.py \
-  -m "${TESTS_MARK:-not slow}" -k "not hopper and not smem_estimate and not spills"
+  -m "${TESTS_MARK:-not slow}" \
+  -k "not hopper and not smem_estimate and not spills${no_wave:+ and not wave}"
 run train "${TRAIN_LIMIT:-120}" "$py" scripts/bench_train.py --reps 5 --profile 12 \
   --out "$res/train.json"
 # one forward+backward of the dense and the fused layers under ncu (the profile step filled
@@ -113,3 +137,7 @@ run sweep "${SWEEP_LIMIT:-200}" "$py" scripts/bench_moe.py --no-target --sweeps 
 run sweeps "${SWEEPS_LIMIT:-300}" "$py" scripts/bench_moe.py --no-target --reps 10 \
   --sweeps dmodel_ne32 n_experts expert_size dmodel_f4096 --backends triton grouped_mm \
   --out "$res/moe_sweeps.json"
+# a step's output reaches the log through a tee that bash does not wait for: give the last
+# one a moment, then pack the complete log
+sleep 1
+pack

@@ -61,6 +61,11 @@ def test_check_refuses_to_time_a_wrong_backend(monkeypatch, capsys):
     with pytest.raises(SystemExit, match="disagrees"):
         bench_moe.check_backends(["torch", "reference"], "cpu", torch.float32)
     assert "check torch" in capsys.readouterr().out
+    # a scatter variant that is off is left out; the others are still timed
+    monkeypatch.setitem(bench_common.SCATTER_VARIANTS, "torch", ("torch", "slots"))
+    assert bench_moe.check_backends(["torch", "reference"], "cpu", torch.float32) == [
+        "reference"]
+    assert "FAIL" in capsys.readouterr().out.split("check torch")[1].split(": left out")[0]
 
 
 @pytest.mark.parametrize("argv, changed", [
@@ -332,7 +337,7 @@ def test_ncu_table_reads_the_raw_csv_among_ncu_log_lines(tmp_path, capsys):
         ncu_table.main([str(path)])
 
 
-def _gpu_check(tmp_path, out="out", **env):
+def _gpu_check(tmp_path, out="out", returncode=0, **env):
     """Run scripts/gpu_check.sh with a stand-in python (records its arguments, writes an
     empty JSON where --out says, prints bench_scatter's check lines unless NO_CHECK is set;
     FAIL=script exits 1 for that script, SLEEP=script sleeps 10 s) and a stand-in ncu
@@ -360,7 +365,9 @@ exit 0
     done = subprocess.run(["bash", "scripts/gpu_check.sh", str(tmp_path / out)], cwd=root,
                           env={"PATH": f"{tmp_path}:/usr/bin:/bin", "PYTHON": str(py), **env},
                           capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done.stderr
+    assert done.returncode == returncode, done.stderr + done.stdout
+    if returncode:
+        return done.stdout
     text = (tmp_path / out / "gpu_check.log").read_text()
     calls = [shlex.split(line) for line in log.read_text().splitlines()]
     return calls, re.findall(r"=== (\w+): (exit \d+|skipped)", text), text
@@ -387,6 +394,7 @@ def test_gpu_check_runs_only_commands_its_scripts_accept(tmp_path, monkeypatch):
     assert {"--profile-from-start", "--csv"} <= set(ncu_call)
     assert scripts["profile_moe"][-1][-1] == "--ncu"
     assert "triton_wave" in scripts["bench_moe"][0]  # the scatter step passed
+    assert " ".join(next(c for c in calls if c[0] == "-m")).endswith("not spills")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # as on the GPU machine
     for name, arg_lists in scripts.items():
         module = importlib.import_module(f"scripts.{name}")
@@ -396,21 +404,28 @@ def test_gpu_check_runs_only_commands_its_scripts_accept(tmp_path, monkeypatch):
 
 
 def test_gpu_check_leaves_out_a_wave_that_failed(tmp_path):
-    """A wave scatter that fails, disagrees or hangs before the scatter step has checked
-    both scatters is not timed again: the steps after it run the fused layer with the
-    per-slot scatters only. One cut short while timing, after its checks, is kept."""
+    """A wave scatter that fails (a wrong result, or a crash after its checks, e.g. in a
+    graph replay) or hangs before the scatter step has checked both scatters is not run
+    again: the steps after it run the fused layer with the per-slot scatters, and the tests
+    leave the wave's out. One cut short while timing, after both checks, is kept."""
     def timed(calls):
         return [c for c in calls if c[0] in ("scripts/bench_moe.py", "scripts/profile_moe.py")]
 
-    calls, steps, text = _gpu_check(tmp_path, STEPS="scatter moe profile ncu sweep",
-                                    FAIL="bench_scatter", NO_CHECK="1")
+    steps_run = "scatter moe profile tests ncu sweep"
+    calls, steps, text = _gpu_check(tmp_path, STEPS=steps_run, FAIL="bench_scatter")
     assert steps[0] == ("scatter", "exit 1")
-    assert "the scatter step did not check the wave: it (triton_wave) is left out" in text
+    assert "the scatter step did not pass: the wave (triton_wave) is left out" in text
     assert len(timed(calls)) == 4 and not any("triton_wave" in c for c in timed(calls))
+    pytest_k = next(c for c in calls if c[:2] == ["-m", "pytest"])
+    assert " ".join(pytest_k).endswith("not spills and not wave")  # (the stand-in's "$*")
     calls, steps, text = _gpu_check(tmp_path, "cut", STEPS="scatter moe", SLEEP="bench_scatter",
                                     SCATTER_LIMIT="1")
     assert steps[0] == ("scatter", "exit 124") and "left out" not in text
-    assert all("triton_wave" in c for c in timed(calls)[-1:])
+    assert "triton_wave" in timed(calls)[-1]
+    calls, steps, text = _gpu_check(tmp_path, "hung", STEPS="scatter moe", NO_CHECK="1",
+                                    SLEEP="bench_scatter", SCATTER_LIMIT="1")
+    assert steps[0] == ("scatter", "exit 124") and "left out" in text
+    assert "triton_wave" not in timed(calls)[-1]
 
 
 def test_gpu_check_packs_its_results_and_keeps_to_its_budget(tmp_path):
@@ -422,8 +437,8 @@ def test_gpu_check_packs_its_results_and_keeps_to_its_budget(tmp_path):
     import time
 
     t0 = time.monotonic()
-    calls, steps, text = _gpu_check(tmp_path, STEPS="scatter moe profile train",
-                                    PACK="1", BUDGET="5", MIN_STEP="1", SLEEP="bench_scatter")
+    calls, steps, text = _gpu_check(tmp_path, STEPS="scatter moe profile train", PACK="1",
+                                    BUDGET="6", MIN_STEP="1", GRACE="1", SLEEP="bench_scatter")
     assert time.monotonic() - t0 < 9
     assert steps == [("scatter", "exit 124"), ("moe", "skipped"), ("profile", "skipped"),
                      ("train", "skipped")]
@@ -435,6 +450,8 @@ def test_gpu_check_packs_its_results_and_keeps_to_its_budget(tmp_path):
     with tarfile.open(out / "gpu_check.tar.gz") as tar:
         names = {Path(n).name for n in tar.getnames()}
     assert {"gpu_check.log", "scatter.json", "moe.json", "profile.json", "train.json"} <= names
+    said = _gpu_check(tmp_path, "bad", returncode=2, BUDGET="540s")
+    assert said.strip() == "error: BUDGET=540s: a whole number of seconds"
 
 
 @pytest.mark.parametrize("script,argv,message", [

@@ -235,6 +235,9 @@ def test_bench_scatter_times_every_variant(tmp_path, monkeypatch, capsys):
     said = capsys.readouterr().out.splitlines()
     assert [ln.split(" (")[0] for ln in said if ln.startswith("check")] == [
         "check fwd: ok", "check dx: ok"]
+    # both checks before the first timing table
+    assert said.index(next(ln for ln in said if ln.startswith("check dx"))) < said.index(
+        next(ln for ln in said if ln.startswith("scatter ")))
     real = triton_wave.scatter_mm_wave  # a wave that misses a wait: a slot left out
     monkeypatch.setattr(triton_wave, "scatter_mm_wave",
                         lambda *a, n_blocks, **k: real(*a, n_blocks=n_blocks, **k) * (
@@ -245,6 +248,36 @@ def test_bench_scatter_times_every_variant(tmp_path, monkeypatch, capsys):
     assert path.is_file()
     checks = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("check")]
     assert checks[0].startswith("check fwd: FAIL {'wave B=2': ")
+
+
+def test_bench_scatter_checks_the_graph_replays_too(monkeypatch):
+    """On CUDA each variant is also checked as a CUDA-graph replay (what the layer
+    benchmarks time), whose output starts as NaN: a replay that leaves rows unwritten fails
+    even where the eager call was right. (A stand-in graph: capture runs fn, replay reruns
+    it.)"""
+    from scripts import bench_scatter
+
+    class Graph:
+        def __init__(self, fn):
+            self.fn = fn
+            fn()
+
+        def replay(self):
+            self.fn()
+
+    want = torch.arange(6.0).reshape(2, 3)
+    fns = {"slots": want.clone, "wave B=1": lambda: want * 1.001}
+    monkeypatch.setattr(bench_scatter, "cuda_graph", Graph)
+    assert bench_scatter.differences(fns, cuda=True) == {
+        "slots": [0.0, 0.0], "wave B=1": [pytest.approx(0.001, rel=1e-3)] * 2}
+
+    class Unwritten(Graph):  # a replay that writes nothing into its output
+        def replay(self):
+            pass
+
+    monkeypatch.setattr(bench_scatter, "cuda_graph", Unwritten)
+    eager, replay = bench_scatter.differences(fns, cuda=True)["wave B=1"]
+    assert eager == pytest.approx(0.001, rel=1e-3) and replay != replay  # NaN: fails
 
 
 # ---------------------------------------------------------------------------- GPU only
