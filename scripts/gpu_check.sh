@@ -27,7 +27,8 @@
 # PACK=1: the results go into OUT/gpu_check.tar.gz, rewritten after every step, beside the
 #   log; for a machine that returns only a few files.
 # Each step's limit in seconds: SCATTER_LIMIT, MOE_LIMIT, PROFILE_LIMIT, TESTS_LIMIT,
-# TRAIN_LIMIT, NCU_LIMIT, SWEEP_LIMIT, SWEEPS_LIMIT. TESTS_MARK=gpu runs the `gpu` tests only.
+# TRAIN_LIMIT, NCU_LIMIT, SWEEP_LIMIT, SWEEPS_LIMIT. TESTS_MARK=gpu runs the `gpu` tests only;
+# TESTS_WORKERS=1 runs them in one process.
 set -uo pipefail
 SECONDS=0  # bash would take an exported SECONDS as its start
 cd "$(dirname "$0")/.." || exit
@@ -115,8 +116,14 @@ run moe "${MOE_LIMIT:-150}" "$py" scripts/bench_moe.py --check --sweeps \
 run profile "${PROFILE_LIMIT:-60}" "$py" scripts/profile_moe.py \
   --backends "${fused[@]}" triton_unfused grouped_mm --out "$res/profile.json"
 # the ahead-of-time compile tests need no GPU (CI runs them)
-run tests "${TESTS_LIMIT:-200}" "$py" -m pytest -q -p no:cacheprovider tests/test_kernels_triton.py \
-  tests/test_kernels_topk.py tests/test_kernels_wave.py \
+# in TESTS_WORKERS (4) processes where pytest-xdist is installed: most of the step is
+# compiling kernel variants, on one core each (run 3: 111 s in one process)
+workers=()
+if ((${TESTS_WORKERS:-4} > 1)) && "$py" -c "import xdist" 2>/dev/null; then
+  workers=(-n "${TESTS_WORKERS:-4}")
+fi
+run tests "${TESTS_LIMIT:-200}" "$py" -m pytest -q -p no:cacheprovider "${workers[@]}" \
+  tests/test_kernels_triton.py tests/test_kernels_topk.py tests/test_kernels_wave.py \
   -m "${TESTS_MARK:-not slow}" \
   -k "not hopper and not smem_estimate and not spills${no_wave:+ and not wave}"
 run train "${TRAIN_LIMIT:-120}" "$py" scripts/bench_train.py --reps 5 --profile 12 \

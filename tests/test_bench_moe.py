@@ -394,7 +394,9 @@ def test_gpu_check_runs_only_commands_its_scripts_accept(tmp_path, monkeypatch):
     assert {"--profile-from-start", "--csv"} <= set(ncu_call)
     assert scripts["profile_moe"][-1][-1] == "--ncu"
     assert "triton_wave" in scripts["bench_moe"][0]  # the scatter step passed
-    assert " ".join(next(c for c in calls if c[0] == "-m")).endswith("not spills")
+    pytest_call = next(c for c in calls if c[0] == "-m")
+    assert " ".join(pytest_call).endswith("not spills")
+    assert pytest_call[pytest_call.index("-n") + 1] == "4"  # the stand-in "has" xdist
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # as on the GPU machine
     for name, arg_lists in scripts.items():
         module = importlib.import_module(f"scripts.{name}")
