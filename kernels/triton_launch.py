@@ -1,7 +1,8 @@
 """Launchers of the CVMM Triton kernels (kernels/triton_cvmm.py, paper Eq. `cvmm`).
 
 Block sizes are autotuned per (N, KD) (and, by Triton, per dtype) on a GPU, among the
-configs whose tiles fit the device's shared memory (`fitting_configs`). Where Triton can
+configs whose tiles fit the device's shared memory (`fitting_configs`), each config timed
+on CUDA-graph replays (`graph_bench`: the GPU time, not the host's launch cost). Where Triton can
 (>= 3.4, `cache_results`), the choice is stored in Triton's cache directory: a restarted or
 resumed run on the same GPU model takes the block sizes of the run before it, so it sums in
 the same order and gets the same bits (block sizes set the summation order: without the
@@ -154,12 +155,37 @@ def _prune_wgrad_to_smem(configs, named_args, **kwargs):
 # Triton >= 3.4 keeps autotune results on disk when asked (see the module docstring)
 _CACHE_RESULTS = ({"cache_results": True}
                   if "cache_results" in inspect.signature(triton.autotune).parameters else {})
+GRAPH_BENCH_REP_MS = 20  # GPU time of one config's replays (some 100-300 launches)
+
+
+def graph_bench(kernel_call, quantiles):
+    """How the autotuner times a config: CUDA-graph replays of its launch, the GPU time alone.
+
+    triton.testing.do_bench (the default) puts two events around each launch, behind an L2
+    flush. Where issuing a launch takes the host longer than the flush takes the GPU (the
+    H200 VM: ~185 us of Python a Triton launch, ~60 us of flush), the GPU idles between the
+    first event and the kernel, so every config measured ~100 us of host time plus its
+    own, and the host's jitter decided between configs a few us apart.
+    do_bench_cudagraph runs on a stream of its own, which does not wait for the caller's:
+    the device sync first lets the caller's kernels finish writing this launch's inputs (a
+    wave's tile table, the earlier slots' sums that `restore_value` copies)."""
+    import torch
+    from triton.testing import do_bench_cudagraph
+
+    torch.cuda.synchronize()
+    return do_bench_cudagraph(kernel_call, rep=GRAPH_BENCH_REP_MS, quantiles=quantiles)
+
+
+# where triton.autotune takes a timing function (Triton >= 3.2)
+_DO_BENCH = ({"do_bench": graph_bench}
+             if "do_bench" in inspect.signature(triton.autotune).parameters else {})
 
 
 def _autotune(configs, key, prune, **hooks):
-    """triton.autotune over the configs that `prune` keeps for the device."""
+    """triton.autotune over the configs that `prune` keeps for the device, timed by
+    `graph_bench`."""
     return triton.autotune(configs, key=key, prune_configs_by={"early_config_prune": prune},
-                           **hooks, **_CACHE_RESULTS)
+                           **hooks, **_CACHE_RESULTS, **_DO_BENCH)
 
 
 if INTERPRET:

@@ -318,18 +318,41 @@ def test_fp32_without_tf32_compiles_without_spills():
 
 def test_gpu_autotuners_prune_and_cache():
     """Outside the interpreter the kernels are autotuned over the configs that fit the GPU,
-    and (Triton >= 3.4) the choice is kept on disk, so a resumed run sums in the same order."""
+    timed on CUDA-graph replays (`graph_bench`), and (Triton >= 3.4) the choice is kept on
+    disk, so a resumed run sums in the same order."""
     import inspect
 
     import triton
 
     stdout = outside_interpreter("-c", (
-        "import kernels.triton_launch as L\n"
-        "for a in (L._gather_mm, L._scatter_mm, L._wgrad):\n"
-        "    print(getattr(a, 'cache_results', False), a.early_config_prune.__name__)\n"))
+        "import kernels.triton_launch as L, kernels.triton_wave as W\n"
+        "for a in (L._gather_mm, L._scatter_mm, L._wgrad, W._scatter_wave):\n"
+        "    print(getattr(a, 'cache_results', False), a.early_config_prune.__name__,\n"
+        "          a._do_bench.__name__)\n"))
     caching = str("cache_results" in inspect.signature(triton.autotune).parameters)
-    assert stdout.split() == [caching, "_prune_to_smem", caching, "_prune_to_smem", caching,
-                              "_prune_wgrad_to_smem"]
+    assert stdout.split() == [caching, "_prune_to_smem", "graph_bench",
+                              caching, "_prune_to_smem", "graph_bench",
+                              caching, "_prune_wgrad_to_smem", "graph_bench",
+                              caching, "_prune_to_table", "graph_bench"]
+
+
+def test_autotune_times_graph_replays_after_the_callers_kernels(monkeypatch):
+    """graph_bench: a device sync first (do_bench_cudagraph runs on a stream of its own,
+    which would not wait for the kernels that write this launch's inputs), then CUDA-graph
+    replays of the launch, with the autotuner's quantiles."""
+    import triton.testing
+
+    from kernels import triton_launch
+
+    calls = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: calls.append("sync"))
+    monkeypatch.setattr(triton.testing, "do_bench_cudagraph",
+                        lambda fn, rep, quantiles: calls.append(("graphs", fn, rep, quantiles))
+                        or [1.0, 0.9, 1.1])
+    launch = object()
+    assert triton_launch.graph_bench(launch, quantiles=(0.5, 0.2, 0.8)) == [1.0, 0.9, 1.1]
+    assert calls == ["sync", ("graphs", launch, triton_launch.GRAPH_BENCH_REP_MS,
+                              (0.5, 0.2, 0.8))]
 
 
 # ---------------------------------------------------------------------------- GPU only
