@@ -168,12 +168,21 @@ def graph_bench(kernel_call, quantiles):
     own, and the host's jitter decided between configs a few us apart.
     do_bench_cudagraph runs on a stream of its own, which does not wait for the caller's:
     the device sync first lets the caller's kernels finish writing this launch's inputs (a
-    wave's tile table, the earlier slots' sums that `restore_value` copies)."""
+    wave's tile table, the earlier slots' sums that `restore_value` copies). Where the
+    capture fails, the config is timed by do_bench after all (a warning says so)."""
+    import warnings
+
     import torch
-    from triton.testing import do_bench_cudagraph
+    from triton.testing import do_bench, do_bench_cudagraph
 
     torch.cuda.synchronize()
-    return do_bench_cudagraph(kernel_call, rep=GRAPH_BENCH_REP_MS, quantiles=quantiles)
+    try:
+        return do_bench_cudagraph(kernel_call, rep=GRAPH_BENCH_REP_MS, quantiles=quantiles)
+    except RuntimeError as err:  # a timing method must not fail the layer it tunes
+        warnings.warn(f"autotune: timing on CUDA-graph replays failed ({err}); timing "
+                      "launches one by one instead", stacklevel=2)
+        torch.cuda.synchronize()
+        return do_bench(kernel_call, quantiles=quantiles)
 
 
 # where triton.autotune takes a timing function (Triton >= 3.2)

@@ -353,6 +353,18 @@ def test_autotune_times_graph_replays_after_the_callers_kernels(monkeypatch):
     assert triton_launch.graph_bench(launch, quantiles=(0.5, 0.2, 0.8)) == [1.0, 0.9, 1.1]
     assert calls == ["sync", ("graphs", launch, triton_launch.GRAPH_BENCH_REP_MS,
                               (0.5, 0.2, 0.8))]
+    # a capture that fails: timed launch by launch after all, with a warning
+
+    def no_capture(fn, rep, quantiles):
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(triton.testing, "do_bench_cudagraph", no_capture)
+    monkeypatch.setattr(triton.testing, "do_bench",
+                        lambda fn, quantiles: calls.append(("events", fn)) or [2.0, 1.9, 2.1])
+    calls.clear()
+    with pytest.warns(UserWarning, match="CUDA-graph replays failed .*stream is capturing"):
+        assert triton_launch.graph_bench(launch, quantiles=(0.5,)) == [2.0, 1.9, 2.1]
+    assert calls == ["sync", "sync", ("events", launch)]
 
 
 # ---------------------------------------------------------------------------- GPU only
