@@ -39,9 +39,15 @@ budget=${BUDGET:-}
 min_step=${MIN_STEP:-20}
 grace=${GRACE:-10}
 for v in budget min_step grace; do
-  [[ -z ${!v} || ${!v} =~ ^[0-9]+$ ]] || { echo "error: ${v^^}=${!v}: a whole number of seconds"; exit 2; }
+  if [[ -n ${!v} && ! ${!v} =~ ^[0-9]+$ ]]; then
+    echo "error: ${v^^}=${!v}: a whole number of seconds"
+    exit 2
+  fi
 done
-((min_step >= 1)) || { echo "error: MIN_STEP must be at least 1 (timeout 0 never ends)"; exit 2; }
+if ((min_step < 1)); then
+  echo "error: MIN_STEP must be at least 1 (timeout 0 never ends)"
+  exit 2
+fi
 export PYTHONUNBUFFERED=1
 mkdir -p "$out" || exit
 out=$(cd "$out" && pwd)
