@@ -28,7 +28,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kernels.testing import TOLERANCE  # noqa: E402
+from kernels.testing import TOLERANCE, rel_err  # noqa: E402
 from scripts.bench_common import (  # noqa: E402
     DTYPES,
     ROOT,
@@ -103,20 +103,16 @@ def differences(fns: dict, cuda: bool) -> dict[str, list[float]]:
     largest entry: of an eager call, and on CUDA of a CUDA-graph replay too (what
     bench_moe.py and profile_moe.py time; the replay's output starts as NaN, so a tile it
     never wrote shows)."""
-    want = fns["slots"]().float()
-
-    def rel(y):
-        return ((y.float() - want).abs().max() / want.abs().max()).item()
-
+    want = fns["slots"]()
     out = {}
     for name, fn in fns.items():
-        out[name] = [rel(fn())]
+        out[name] = [rel_err(fn(), want)]
         if cuda:
             box = {}
             graph = cuda_graph(lambda fn=fn, box=box: box.__setitem__("y", fn()))
             box["y"].fill_(float("nan"))
             graph.replay()
-            out[name].append(rel(box["y"]))
+            out[name].append(rel_err(box["y"], want))
     return out
 
 
