@@ -208,7 +208,8 @@ def main(argv=None) -> None:
     from kernels import triton_launch as tl
     from kernels.triton_wave import WAVE_CONFIGS
 
-    autotuned = {**tl.AUTOTUNED_CONFIGS, "scatter_wave_kernel": WAVE_CONFIGS}
+    autotuned = {"gather_mm_kernel": tl.MM_CONFIGS, "scatter_mm_kernel": tl.SCATTER_CONFIGS,
+                 "scatter_wave_kernel": WAVE_CONFIGS, "wgrad_kernel": tl.WGRAD_CONFIGS}
     elem = 4 if args.dtype.startswith("fp32") else 2
     # `fits`: whether the compiled kernel fits an H100; fitting_configs decides from `estimate`
     for name in args.kernels:

@@ -1,15 +1,15 @@
 """Launchers of the CVMM Triton kernels (kernels/triton_cvmm.py, paper Eq. `cvmm`).
 
 Block sizes are autotuned per (N, KD) (and, by Triton, per dtype) on a GPU, among the
-configs whose tiles fit the device's shared memory (`fitting_configs`), each config timed
-on CUDA-graph replays (`graph_bench`: the GPU time, not the host's launch cost). Where Triton can
-(>= 3.4, `cache_results`), the choice is stored in Triton's cache directory: a restarted or
-resumed run on the same GPU model takes the block sizes of the run before it, so it sums in
-the same order and gets the same bits (block sizes set the summation order: without the
+configs whose tiles fit the device's shared memory (`fitting_configs`), each config timed on
+CUDA-graph replays (`graph_bench`: the GPU time, not the host's launch cost). Where Triton
+can (>= 3.4, `cache_results`), the choice is stored in Triton's cache directory: a restarted
+or resumed run on the same GPU model takes the block sizes of the run before it, so it sums
+in the same order and gets the same bits (block sizes set the summation order: without the
 cache, two processes could tune differently). Delete the cache (TRITON_CACHE_DIR, default
-~/.triton/cache) to tune again. Under
-TRITON_INTERPRET=1 (CPU tests) autotune is skipped -- it would time every config in the
-interpreter -- and one small block config runs, with every tile upcast to fp32.
+~/.triton/cache) to tune again. Under TRITON_INTERPRET=1 (CPU tests) autotune is skipped --
+it would time every config in the interpreter -- and one small block config runs, with every
+tile upcast to fp32.
 
 Shapes: tok_R int32 [R], off_S int32 [E*K+1] (kernels/routing.py), W[e, k, n] any strides.
 """
@@ -95,8 +95,6 @@ WGRAD_CONFIGS = [
     _cfg(128, 128, 64, 8, 4), _cfg(128, 128, 32, 4, 4), _cfg(64, 128, 64, 4, 4),
     _cfg(128, 64, 64, 4, 4), _cfg(128, 256, 64, 8, 3), _cfg(256, 128, 64, 8, 3),
 ]
-AUTOTUNED_CONFIGS = {"gather_mm_kernel": MM_CONFIGS, "scatter_mm_kernel": SCATTER_CONFIGS,
-                     "wgrad_kernel": WGRAD_CONFIGS}
 # the smallest tiles, for GPUs where no config above fits (e.g. fp32 with 64 KB per block)
 SMALL_CONFIG = _cfg(64, 64, 32, 4, 2)
 # fp32 without TF32 (torch's default) runs on FMA units, not tensor cores: every larger
