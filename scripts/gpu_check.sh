@@ -10,6 +10,8 @@
 #            and grouped_mm. Each is checked against the float64 reference first, then timed
 #            eager and as CUDA-graph replays, and the four targets are judged.
 #   profile  GPU time per kernel of those layers (profile_moe.py)
+#   products each of the layer's products beside cuBLAS's bmm of its FLOPs and beside itself
+#            on rearranged rows: pre-gathered, token-interleaved (bench_products.py)
 #   tests    the kernel tests, the `gpu` ones included
 #   train    WT-S and WT-B training steps, dense vs sigma-MoE, and the steps' slowest kernels
 #   ncu      hardware counters of the dense and the fused layer (Nsight Compute)
@@ -26,14 +28,14 @@
 #   less; a step with under MIN_STEP (20) seconds left is skipped.
 # PACK=1: the results go into OUT/gpu_check.tar.gz, rewritten after every step, beside the
 #   log; for a machine that returns only a few files.
-# Each step's limit in seconds: SCATTER_LIMIT, MOE_LIMIT, PROFILE_LIMIT, TESTS_LIMIT,
-# TRAIN_LIMIT, NCU_LIMIT, SWEEP_LIMIT, SWEEPS_LIMIT. TESTS_MARK=gpu runs the `gpu` tests only;
-# TESTS_WORKERS=1 runs them in one process.
+# Each step's limit in seconds: SCATTER_LIMIT, MOE_LIMIT, PROFILE_LIMIT, PRODUCTS_LIMIT,
+# TESTS_LIMIT, TRAIN_LIMIT, NCU_LIMIT, SWEEP_LIMIT, SWEEPS_LIMIT. TESTS_MARK=gpu runs the
+# `gpu` tests only; TESTS_WORKERS=1 runs them in one process.
 set -uo pipefail
 SECONDS=0  # bash would take an exported SECONDS as its start
 cd "$(dirname "$0")/.." || exit
 out=${1:-${OUT:-runs/gpu_check}}
-steps=${STEPS:-env scatter moe profile tests train ncu sweep}
+steps=${STEPS:-env scatter moe profile products tests train ncu sweep}
 py=${PYTHON:-python3}
 budget=${BUDGET:-}
 min_step=${MIN_STEP:-20}
@@ -121,6 +123,8 @@ run moe "${MOE_LIMIT:-150}" "$py" scripts/bench_moe.py --check --sweeps \
   --backends "${fused[@]}" triton_unfused grouped_mm --out "$res/moe.json"
 run profile "${PROFILE_LIMIT:-60}" "$py" scripts/profile_moe.py \
   --backends "${fused[@]}" triton_unfused grouped_mm --out "$res/profile.json"
+# the layer's launches take the configs the steps before tuned (Triton's disk cache)
+run products "${PRODUCTS_LIMIT:-90}" "$py" scripts/bench_products.py --out "$res/products.json"
 # the ahead-of-time compile tests need no GPU (CI runs them)
 # in TESTS_WORKERS (4) processes where pytest-xdist is installed: most of the step is
 # compiling kernel variants, on one core each (run 3: 111 s in one process)
