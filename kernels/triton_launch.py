@@ -90,10 +90,17 @@ SCATTER_CONFIGS = [
     _cfg(64, 64, 64, 4, 2), _cfg(64, 64, 64, 4, 2, EARLY_Y=True),
 ]
 # output tile (M x N of one expert's dW) x rows walked per step; larger tiles read fewer
-# bytes per product from L2 (H200, first measurement: 128 x 128 reached a third of peak)
+# bytes per product from L2 (H200, runs 1-3: 128 x 128 / 8 warps / 4 stages, ~105 us each,
+# a third of peak). The rows' token ids are loaded in the loop, so the gathered rows are a
+# load behind a load, and Triton's pipeliner gives the index load stages of its own: of
+# num_stages S, (S + 1) // 2 buffers of operand tiles (sm_90, Triton 3.6 and 3.7: S = 3 or
+# 4 keeps 2, i.e. one step of rows in flight while the tensor cores take ~0.3 us a step and
+# a load ~1 us; S = 5: 3, S = 7: 4). `smem_bytes` counts them.
 WGRAD_CONFIGS = [
-    _cfg(128, 128, 64, 8, 4), _cfg(128, 128, 32, 4, 4), _cfg(64, 128, 64, 4, 4),
-    _cfg(128, 64, 64, 4, 4), _cfg(128, 256, 64, 8, 3), _cfg(256, 128, 64, 8, 3),
+    _cfg(128, 128, 64, 8, 7), _cfg(128, 128, 64, 8, 5), _cfg(128, 128, 32, 4, 7),
+    _cfg(64, 128, 64, 4, 7), _cfg(128, 64, 64, 4, 7), _cfg(128, 256, 64, 8, 5),
+    _cfg(256, 128, 64, 8, 5),
+    _cfg(128, 128, 64, 8, 4),  # runs 1-3's choice, one step in flight: the baseline
 ]
 # the smallest tiles, for GPUs where no config above fits (e.g. fp32 with 64 KB per block)
 SMALL_CONFIG = _cfg(64, 64, 32, 4, 2)
@@ -112,12 +119,16 @@ _MIN_BLOCK_N = (_INTERPRET_BLOCKS["BLOCK_N"] if INTERPRET
 
 def smem_bytes(cfg: triton.Config, elem_bytes: int, wgrad: bool = False) -> int:
     """Shared memory of a config. Gather/scatter kernels: num_stages buffers of an A tile
-    (M x K) and a W tile (K x N) in the input dtype, exact on sm_90. The wgrad kernel keeps
-    two such buffers whatever num_stages says, plus at most 1 KB: an upper bound. (Tests
-    compare both with compiled kernels: `python -m kernels.triton_aot --all-configs`.)"""
+    (M x K) and a W tile (K x N) in the input dtype. The wgrad kernel: (num_stages + 1) // 2
+    (at least 2) such buffers and one fewer of its rows' int32 token ids (WGRAD_CONFIGS).
+    Exact on sm_90 (wgrad with 2 stages: an upper bound); tests compare both with compiled
+    kernels (`python -m kernels.triton_aot --all-configs`)."""
     k = cfg.kwargs
-    stages = 2 if wgrad else cfg.num_stages
-    return stages * (k["BLOCK_M"] + k["BLOCK_N"]) * k["BLOCK_K"] * elem_bytes + 1024 * wgrad
+    tiles = (k["BLOCK_M"] + k["BLOCK_N"]) * k["BLOCK_K"] * elem_bytes
+    if not wgrad:
+        return cfg.num_stages * tiles
+    buffers = max(2, (cfg.num_stages + 1) // 2)
+    return buffers * tiles + (buffers - 1) * k["BLOCK_K"] * 4
 
 
 # shared memory per block on sm_90 (227 KB), what Triton reports as max_shared_mem on an H100
