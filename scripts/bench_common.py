@@ -148,6 +148,27 @@ def positive(text: str) -> int:
     return value
 
 
+def add_case_args(parser, case: dict) -> None:
+    """The one-case arguments of the Triton kernel benchmarks, `case`'s values as defaults
+    (bench_moe.GPU_TARGET: issue 4's target case), and the dtype (bf16)."""
+    for key in ("tokens", "d_model", "n_experts", "expert_size", "k"):
+        parser.add_argument("--" + key.replace("_", "-"), type=positive, default=case[key])
+    parser.add_argument("--dtype", choices=list(DTYPES), default="bf16")
+
+
+def triton_device(script: str) -> tuple[str, str]:
+    """(device, its name) for a script that times Triton kernels: a CUDA device, or the CPU
+    under the Triton interpreter (a smoke test); a one-line error anywhere else."""
+    from kernels import TRITON_INTERPRET
+
+    if torch.cuda.is_available():
+        return "cuda", torch.cuda.get_device_name()
+    if TRITON_INTERPRET:
+        return "cpu", "cpu (Triton interpreter)"
+    raise SystemExit(f"error: {script} times Triton kernels: it needs a CUDA device (or "
+                     "TRITON_INTERPRET=1 and small --tokens, for a smoke test)")
+
+
 def check_device(parser, device: str) -> None:
     """A one-line argparse error (exit 2) for --device cuda where torch sees no GPU."""
     if device == "cuda" and not torch.cuda.is_available():

@@ -45,12 +45,14 @@ from kernels.testing import TOLERANCE, rel_err  # noqa: E402
 from scripts.bench_common import (  # noqa: E402
     DTYPES,
     ROOT,
+    add_case_args,
     check_k,
     device_slug,
     graph_times,
     paired_ratio,
     positive,
     time_all,
+    triton_device,
     write_json,
 )
 from scripts.bench_moe import GPU_TARGET  # noqa: E402
@@ -65,12 +67,7 @@ REORDER_TOL = 1e-2
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
-    p.add_argument("--tokens", type=positive, default=GPU_TARGET["tokens"])
-    p.add_argument("--d-model", type=positive, default=GPU_TARGET["d_model"])
-    p.add_argument("--n-experts", type=positive, default=GPU_TARGET["n_experts"])
-    p.add_argument("--expert-size", type=positive, default=GPU_TARGET["expert_size"])
-    p.add_argument("--k", type=positive, default=GPU_TARGET["k"])
-    p.add_argument("--dtype", choices=list(DTYPES), default="bf16")
+    add_case_args(p, GPU_TARGET)
     p.add_argument("--chunks", type=positive, nargs="+", default=[4, 16, 64],
                    help="token chunks C of the interleaved wgrad orders (default 4 16 64)")
     p.add_argument("--warmup", type=int, default=3)
@@ -154,14 +151,8 @@ def check(prods: dict, dtype: torch.dtype) -> bool:
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
-    from kernels import TRITON_INTERPRET
-
-    cuda = torch.cuda.is_available()
-    if not (cuda or TRITON_INTERPRET):
-        sys.exit("error: bench_products.py times Triton kernels: it needs a CUDA device "
-                 "(or TRITON_INTERPRET=1 and small --tokens, for a smoke test)")
-    device = "cuda" if cuda else "cpu"
-    name = torch.cuda.get_device_name() if cuda else "cpu (Triton interpreter)"
+    device, name = triton_device("bench_products.py")
+    cuda = device == "cuda"
     dtype = DTYPES[args.dtype]
     T, D, E, G, K = args.tokens, args.d_model, args.n_experts, args.expert_size, args.k
     flops = 2 * T * K * D * G  # every product here; bmm's: 2 * n * E * D * G

@@ -32,6 +32,7 @@ from kernels.testing import TOLERANCE, rel_err  # noqa: E402
 from scripts.bench_common import (  # noqa: E402
     DTYPES,
     ROOT,
+    add_case_args,
     check_k,
     cuda_graph,
     device_slug,
@@ -39,6 +40,7 @@ from scripts.bench_common import (  # noqa: E402
     paired_ratio,
     positive,
     time_all,
+    triton_device,
     write_json,
 )
 from scripts.bench_moe import GPU_TARGET  # noqa: E402
@@ -47,12 +49,7 @@ from scripts.bench_roofline import datasheet_peaks  # noqa: E402
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
-    p.add_argument("--tokens", type=positive, default=GPU_TARGET["tokens"])
-    p.add_argument("--d-model", type=positive, default=GPU_TARGET["d_model"])
-    p.add_argument("--n-experts", type=positive, default=GPU_TARGET["n_experts"])
-    p.add_argument("--expert-size", type=positive, default=GPU_TARGET["expert_size"])
-    p.add_argument("--k", type=positive, default=GPU_TARGET["k"])
-    p.add_argument("--dtype", choices=list(DTYPES), default="bf16")
+    add_case_args(p, GPU_TARGET)
     p.add_argument("--blocks", type=positive, nargs="+",
                    help="token blocks of the wave variants (default: 1, 2, 4, 16 and the "
                         "launcher's own choice)")
@@ -118,14 +115,8 @@ def differences(fns: dict, cuda: bool) -> dict[str, list[float]]:
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
-    from kernels import TRITON_INTERPRET
-
-    cuda = torch.cuda.is_available()
-    if not (cuda or TRITON_INTERPRET):
-        sys.exit("error: bench_scatter.py times Triton kernels: it needs a CUDA device "
-                 "(or TRITON_INTERPRET=1 and small --tokens, for a smoke test)")
-    device = "cuda" if cuda else "cpu"
-    name = torch.cuda.get_device_name() if cuda else "cpu (Triton interpreter)"
+    device, name = triton_device("bench_scatter.py")
+    cuda = device == "cuda"
     routing, kinds = inputs(args, device)
     T, N, R, G = args.tokens, args.d_model, args.tokens * args.k, args.expert_size
     elem = DTYPES[args.dtype].itemsize

@@ -30,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from scripts.bench_common import (  # noqa: E402
     DTYPES,
     ROOT,
+    add_case_args,
     check_k,
     device_slug,
     graph_times,
@@ -83,13 +84,8 @@ def autotuned() -> dict[str, dict[str, str]]:
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--d-model", type=positive, default=GPU_TARGET["d_model"])
-    p.add_argument("--n-experts", type=positive, default=GPU_TARGET["n_experts"])
-    p.add_argument("--expert-size", type=positive, default=GPU_TARGET["expert_size"])
-    p.add_argument("--k", type=positive, default=GPU_TARGET["k"])
-    p.add_argument("--tokens", type=positive, default=GPU_TARGET["tokens"])
+    add_case_args(p, GPU_TARGET)
     p.add_argument("--d-ff", type=positive, help="the dense MLP's (default N_E * G)")
-    p.add_argument("--dtype", choices=list(DTYPES), default="bf16")
     p.add_argument("--backends", nargs="+", choices=BACKENDS,
                    default=["triton", "triton_wave", "triton_unfused", "grouped_mm"])
     p.add_argument("--warmup", type=int, default=3)

@@ -289,6 +289,22 @@ def test_profile_moe_says_it_needs_a_gpu(monkeypatch):
         profile_moe.main([])
 
 
+@pytest.mark.parametrize("script", ["bench_scatter", "bench_products"])
+def test_triton_benchmarks_say_they_need_a_gpu_or_the_interpreter(script, monkeypatch):
+    """Without CUDA they run only under the Triton interpreter (a smoke test on tiny
+    shapes); elsewhere one line says so, before any input is built."""
+    import importlib
+
+    import kernels
+
+    module = importlib.import_module(f"scripts.{script}")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(kernels, "TRITON_INTERPRET", False)
+    with pytest.raises(SystemExit, match=f"error: {script}.py times Triton kernels: it needs "
+                                         "a CUDA device .or TRITON_INTERPRET=1"):
+        module.main([])
+
+
 NCU_CSV = '''==PROF== Connected to process 4242 (/usr/bin/python3)
 ==PROF== Profiling "scatter_mm_kernel" - 0: 0%....50%....100% - 38 passes
 "ID","Process ID","Kernel Name","Block Size","Grid Size","gpu__time_duration.sum",\
