@@ -69,10 +69,10 @@ def _cfg(bm, bn, bk, warps, stages, **more):
 # rows x columns x reduction; G = 64..512 and d_model = 256..4096 are the shapes that matter.
 # Few configs: each is compiled for every kernel variant the first time it runs.
 # gather (up-projection, d pre-ReLU): N = G is narrow, the reduction d_model long. sm_90,
-# bf16 (ptxas): a 128 x 128 fp32 accumulator takes 128 registers a thread in one
-# warpgroup (4 warps: 235-255 with the rest, two programs an SM; the backward epilogue
-# spills at 128 x 128 x 32), 64 in two; 128 x 128 x 64 / 8 warps / 3 stages is the one
-# with two programs an SM (98 KB, 128 registers) in the forward.
+# bf16 (ptxas, Triton 3.6 and 3.7): a 128 x 128 fp32 accumulator takes 128 registers a
+# thread in one warpgroup (4 warps: 235-255 with the rest; the backward epilogue spills at
+# 128 x 128 x 32), 64 in two; 128 x 128 x 64 / 8 warps / 3 stages is the one with two
+# programs an SM (98 KB, 128 registers) in the forward.
 MM_CONFIGS = [
     _cfg(128, 128, 64, 8, 4), _cfg(128, 128, 32, 4, 4), _cfg(128, 64, 64, 4, 4),
     _cfg(64, 128, 64, 4, 4), _cfg(128, 256, 64, 8, 3), _cfg(64, 64, 64, 4, 3),
