@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import os
 import statistics
 import sys
@@ -52,6 +53,7 @@ from scripts.bench_common import (  # noqa: E402
     paired_ratio,
     parse_with_defaults,
     positive,
+    precompile,
     scatter_schedule,
     sync,
     time_all,
@@ -201,11 +203,16 @@ def check_backends(backends, device, dtype) -> list[str]:
     are still worth timing). -> the backends to time."""
     case = random_case(T=67, D=64, E=6, G=32, K=2, dtype=dtype, device=device)
     want = reference_case(case)
-    failed, ok = False, []
-    for b in backends:
+
+    def run(b):
         backend, schedule = layer_backend(b)
         with scatter_schedule(schedule):
-            errs = compare(run_case(case, backend), want)
+            return run_case(case, backend)
+
+    precompile(*(functools.partial(run, b) for b in backends if b.startswith("triton")))
+    failed, ok = False, []
+    for b in backends:
+        errs = compare(run(b), want)
         bad = over_tolerance(errs, dtype)
         print(f"check {b:15s} max rel err {max(errs.values()):.2e} " +
               ("FAIL " + str(bad) if bad else "ok") +
@@ -220,6 +227,7 @@ def check_backends(backends, device, dtype) -> list[str]:
 def bench_case(c, args, device, dtype, backends, peaks, extras=False) -> dict:
     T, K = args.tokens, args.k
     layers = make_layers(c, T, K, device, dtype, backends, extras)
+    precompile(*(fn for name, fn in layers.items() if name.startswith("triton")))
     times = time_all(layers, device, args.warmup, args.reps)
     graphed = (graph_times({n: fn for n, fn in layers.items() if n in GRAPHABLE},
                            args.warmup, args.reps) if device == "cuda" and args.graphs else {})

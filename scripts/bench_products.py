@@ -51,6 +51,7 @@ from scripts.bench_common import (  # noqa: E402
     graph_times,
     paired_ratio,
     positive,
+    precompile,
     time_all,
     triton_device,
     write_json,
@@ -159,6 +160,7 @@ def main(argv=None) -> dict:
     print(f"{name}, {args.dtype}, T={T} D={D} E={E} G={G} K={K}: {flops / 1e9:.1f} GFLOP a "
           f"product")
     prods = products(args, device)
+    precompile(*(fn for fns in prods.values() for fn in fns.values()))
     ok = check(prods, dtype)  # before any timing, which also autotunes the layer's launches
     flat = {(p, v): fn for p, fns in prods.items() for v, fn in fns.items()}
     ms = (graph_times(flat, args.warmup, args.reps) if cuda

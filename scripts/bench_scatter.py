@@ -39,6 +39,7 @@ from scripts.bench_common import (  # noqa: E402
     graph_times,
     paired_ratio,
     positive,
+    precompile,
     time_all,
     triton_device,
     write_json,
@@ -134,8 +135,9 @@ def main(argv=None) -> dict:
     # both scatters checked before any timing: scripts/gpu_check.sh goes on with the wave
     # layer only after these lines
     failed, checked = False, {}
-    for kind, (a, w, kw) in kinds.items():
-        fns = variants(args, routing, a, w, kw)
+    fns_by_kind = {kind: variants(args, routing, a, w, kw) for kind, (a, w, kw) in kinds.items()}
+    precompile(*(fn for fns in fns_by_kind.values() for fn in fns.values()))
+    for kind, fns in fns_by_kind.items():
         diffs = differences(fns, cuda)
         tol = TOLERANCE[DTYPES[args.dtype]]
         bad = {k: d for k, d in diffs.items() if not max(d) <= tol}  # NaN fails

@@ -305,6 +305,35 @@ def test_triton_benchmarks_say_they_need_a_gpu_or_the_interpreter(script, monkey
         module.main([])
 
 
+def test_benchmarks_precompile_on_cuda_unless_told_not_to(monkeypatch, capsys):
+    """bench_common.precompile: nothing without CUDA; on CUDA one dry run of all the given
+    layers inside kernels.triton_precompile.precompile, and its line printed;
+    SIGMA_MOE_PRECOMPILE=0 says it is off instead."""
+    import kernels
+
+    ran = []
+    layers = [lambda: ran.append("a"), lambda: ran.append("b")]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    bench_common.precompile(*layers)
+    assert ran == [] and capsys.readouterr().out == ""
+    if not kernels.HAS_TRITON:
+        pytest.skip("needs Triton")
+    from kernels import triton_precompile
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    def compile_ahead(fn):  # the dry run, without Triton's part
+        fn()
+        return "compiled"
+
+    monkeypatch.setattr(triton_precompile, "precompile", compile_ahead)
+    bench_common.precompile(*layers)
+    assert ran == ["a", "b"] and capsys.readouterr().out == "compiled\n"
+    monkeypatch.setenv("SIGMA_MOE_PRECOMPILE", "0")
+    bench_common.precompile(*layers)
+    assert ran == ["a", "b"]
+    assert capsys.readouterr().out == "precompile: off (SIGMA_MOE_PRECOMPILE=0)\n"
+
+
 NCU_CSV = '''==PROF== Connected to process 4242 (/usr/bin/python3)
 ==PROF== Profiling "scatter_mm_kernel" - 0: 0%....50%....100% - 38 passes
 "ID","Process ID","Kernel Name","Block Size","Grid Size","gpu__time_duration.sum",\

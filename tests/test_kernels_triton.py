@@ -378,6 +378,92 @@ def test_autotune_times_graph_replays_after_the_callers_kernels(monkeypatch):
     assert calls == ["sync", "sync", ("events", launch)]
 
 
+def test_precompile_compiles_the_configs_an_autotuner_would_try(monkeypatch):
+    """kernels/triton_precompile.py: inside `compiling_only` an autotuned launch compiles
+    (warmup=True: nothing runs) each config its pruning keeps, with the launch's own
+    arguments, inside Triton's AsyncCompileMode; after it, launches run again. A failure
+    is reported, not raised: compiling ahead only saves time."""
+    import triton
+    from triton.runtime import _async_compile
+    from triton.runtime.autotuner import Autotuner
+
+    from kernels import triton_precompile
+
+    calls = []
+
+    class Kernel:  # the part of a JITFunction that an autotuner uses
+        @staticmethod
+        def fn(x_ptr, n, BLOCK):
+            pass
+
+        def run(self, *args, grid, warmup, **kwargs):
+            calls.append((args, grid, warmup, kwargs["BLOCK"], kwargs["num_warps"],
+                          _async_compile.active_mode.get() is not None))
+
+    tuner = Autotuner(
+        Kernel(), ["x_ptr", "n"], [triton.Config({"BLOCK": b}, num_warps=4) for b in (16, 32, 64)],
+        key=["n"], reset_to_zero=None, restore_value=None,
+        prune_configs_by={"early_config_prune": lambda configs, named_args, **kw: [
+            c for c in configs if c.kwargs["BLOCK"] <= named_args["n"]]})
+    run = Autotuner.run
+    with triton_precompile.compiling_only(workers=2):
+        tuner[(3,)]("x", 32)
+    assert Autotuner.run is run and tuner.nargs is None
+    assert calls == [(("x", 32), (3,), True, 16, 4, True), (("x", 32), (3,), True, 32, 4, True)]
+    assert triton_precompile.precompile(lambda: None) == (
+        "precompile: skipped, the Triton interpreter compiles nothing")
+    monkeypatch.setattr(triton_precompile, "precompile_problem", lambda: None)
+    said = triton_precompile.precompile(lambda: tuner[(3,)]("x", None), workers=2)
+    assert said.startswith("precompile: failed (TypeError: ") and Autotuner.run is run
+
+
+# one forward+backward of the fused layer under `precompile`, in real Triton (outside the
+# interpreter) with a stand-in CUDA driver: it targets sm_90 and has nothing to launch with
+PRECOMPILE_LAYER = """
+import torch
+from triton.backends.compiler import GPUTarget
+from triton.runtime.driver import driver
+
+class StandIn:
+    def get_current_device(self): return 0
+    def get_current_stream(self, device): return 0
+    def get_current_target(self): return GPUTarget("cuda", 90, 32)
+
+driver.set_active(StandIn())
+import kernels.triton_launch as L
+from kernels import triton_ops
+from kernels.routing import make_routing
+from kernels.triton_precompile import precompile
+
+L.max_shared_mem = lambda index: L.H100_SMEM
+T, D, E, G, K = 64, 256, 8, 64, 4
+x, gate, w1, w2 = (torch.randn(*s, dtype=torch.bfloat16).requires_grad_()
+                   for s in ((T, D), (T, K), (E, D, G), (E, G, D)))
+routing = make_routing(torch.rand(T, E).argsort(-1)[:, :K], E)
+
+def layer():
+    y = triton_ops.moe_mlp_triton(x, gate, w1, w2, routing)
+    torch.autograd.grad(y, (x, gate, w1, w2), torch.randn_like(y))
+
+print(precompile(layer, workers=2))
+print(*(f"{k} {len(getattr(L, k).fn.device_caches[0][0])}"
+        for k in ("_gather_mm", "_scatter_mm", "_wgrad")))
+"""
+
+
+def test_precompile_compiles_the_fused_layer_for_hopper_and_launches_nothing():
+    """The real JIT path on this CPU machine: under `precompile`, a forward+backward of the
+    fused layer compiles every kernel variant it launches (one config each here: the tests
+    set SIGMA_MOE_TRITON_AUTOTUNE=0) and runs none (the stand-in driver cannot launch: a
+    launch would fail the run). The scatter has 4 variants (with and without the gate
+    scale, the first slot and the others), not 6: its slot index is not specialised."""
+    need_hopper_toolchain()
+    said = outside_interpreter("-c", PRECOMPILE_LAYER).splitlines()
+    assert said[0].startswith("precompile: the autotune configs of the Triton launches "
+                              "compiled in "), said
+    assert said[1] == "_gather_mm 2 _scatter_mm 4 _wgrad 2"
+
+
 def test_bench_products_checks_the_rearranged_launches(tmp_path, monkeypatch, capsys):
     """scripts/bench_products.py end to end on a tiny case: the layer's launches, the
     rearranged ones (pre-gathered rows; an expert's rows token-interleaved by the routing's

@@ -1,0 +1,79 @@
+"""Compile the autotune configs of the CVMM kernels (paper Eq. `cvmm`) in parallel, ahead.
+
+Triton's autotuner compiles each config of a launch the first time it times it, one after
+the other: one sigma-MoE layer's forward and backward make ~90 of them (the gather's two
+epilogues, four scatter variants, two weight gradients, the wave; a few seconds each), and
+a benchmark's first steps spend minutes on that (on the H200 lease, minutes of 15).
+`precompile(fn)` runs fn() once with every autotuned launch replaced by the compiles of
+the configs it would time, with the same arguments (so the same specialisation: the
+autotuner's trials find them compiled), spread over a thread pool by Triton's
+`AsyncCompileMode` (the compiler's passes run outside the GIL, ptxas is a process of its
+own). No autotuned kernel runs meanwhile, so whatever fn computes from their outputs is
+garbage; launches that are not autotuned (the top-K, the wave's tile table) run as usual,
+so fn must not need real values from an autotuned kernel to decide what to launch.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import triton
+from triton.runtime.autotuner import Autotuner
+
+from kernels.triton_cvmm import INTERPRET
+
+
+def _compile_configs(self: Autotuner, *args, **kwargs):
+    """`Autotuner.run` that compiles instead of timing and launching: every config the
+    autotuner would try for these arguments (`prune_configs`, as `run` calls it)."""
+    kwargs["warmup"] = True  # the launch's own: compile, do not run
+    self.nargs = dict(zip(self.arg_names, args))
+    try:
+        for config in self.prune_configs(kwargs):
+            self.fn.run(*args, **kwargs, **config.all_kwargs())
+    finally:
+        self.nargs = None
+
+
+@contextlib.contextmanager
+def compiling_only(workers: int):
+    """Within: autotuned launches compile their configs on `workers` threads (finished on
+    exit) and run nothing."""
+    run = Autotuner.run
+    Autotuner.run = _compile_configs
+    try:
+        # a config that fails to compile is left to the autotuner, which reports it
+        with ThreadPoolExecutor(workers) as pool, triton.AsyncCompileMode(
+                pool, ignore_errors=True):
+            yield
+    finally:
+        Autotuner.run = run
+
+
+def precompile_problem() -> str | None:
+    """Why `precompile` cannot compile ahead here (None: it can)."""
+    if INTERPRET:
+        return "the Triton interpreter compiles nothing"
+    if not hasattr(triton, "AsyncCompileMode"):
+        return f"Triton {triton.__version__} has no AsyncCompileMode"
+    return None
+
+
+def precompile(fn, workers: int | None = None) -> str:
+    """Run fn() compiling, not running, its autotuned Triton launches (module docstring).
+    -> a line saying what it did (or why it did nothing: the launches then compile when
+    first timed, as without it)."""
+    if problem := precompile_problem():
+        return f"precompile: skipped, {problem}"
+    workers = workers or min(32, os.cpu_count() or 1)
+    t0 = time.perf_counter()
+    try:
+        with compiling_only(workers):
+            fn()
+    except Exception as err:  # compiling ahead is an optimisation: never fail a run on it
+        return (f"precompile: failed ({type(err).__name__}: {err}); the configs compile when "
+                "first timed")
+    return (f"precompile: the autotune configs of the Triton launches compiled in "
+            f"{time.perf_counter() - t0:.1f} s on {workers} thread{'s' * (workers > 1)}")
