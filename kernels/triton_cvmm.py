@@ -181,8 +181,8 @@ def _tile_to_tokens(tok_ptr, y_ptr, row0, row_end, pid_n, N, stride_ym, stride_y
     return rows, row_ok, cols, col_ok, y_ptrs, row_ok[:, None] & col_ok[None, :]
 
 
-# `slot` unspecialised: Triton would compile slot 0 (a multiple of 16) and slot 1 (== 1) as
-# variants of their own, 20 compiles more for the 10 configs of the two scatters
+# `slot` unspecialised: Triton would compile slot 1 (== 1) as a variant of its own beside
+# slots 2.., 20 compiles more for the 10 configs of the two scatters
 @triton.jit(do_not_specialize=["slot"])
 def scatter_mm_kernel(
     a_ptr, w_ptr, y_ptr, tok_ptr, off_ptr, scale_ptr, order_ptr,

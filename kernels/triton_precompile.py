@@ -1,7 +1,7 @@
 """Compile the autotune configs of the CVMM kernels (paper Eq. `cvmm`) in parallel, ahead.
 
 Triton's autotuner compiles each config of a launch the first time it times it, one after
-the other: one sigma-MoE layer's forward and backward make ~90 of them (the gather's two
+the other: one sigma-MoE layer's forward and backward make 72 of them (the gather's two
 epilogues, four scatter variants, two weight gradients, the wave; a few seconds each), and
 a benchmark's first steps spend minutes on that (on the H200 lease, minutes of 15).
 `precompile(fn)` runs fn() once with every autotuned launch replaced by the compiles of
@@ -19,6 +19,7 @@ import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import torch
 import triton
 from triton.runtime.autotuner import Autotuner
 
@@ -40,13 +41,17 @@ def _compile_configs(self: Autotuner, *args, **kwargs):
 @contextlib.contextmanager
 def compiling_only(workers: int):
     """Within: autotuned launches compile their configs on `workers` threads (finished on
-    exit) and run nothing."""
+    exit) and run nothing.
+
+    AsyncCompileMode is a context variable of this thread; on CUDA autograd runs a
+    backward on a worker thread of its own, whose launches would compile one by one: the
+    backward runs on this thread instead (`set_multithreading_enabled` is thread-local)."""
     run = Autotuner.run
     Autotuner.run = _compile_configs
     try:
         # a config that fails to compile is left to the autotuner, which reports it
         with ThreadPoolExecutor(workers) as pool, triton.AsyncCompileMode(
-                pool, ignore_errors=True):
+                pool, ignore_errors=True), torch.autograd.set_multithreading_enabled(False):
             yield
     finally:
         Autotuner.run = run
@@ -67,7 +72,8 @@ def precompile(fn, workers: int | None = None) -> str:
     first timed, as without it)."""
     if problem := precompile_problem():
         return f"precompile: skipped, {problem}"
-    workers = workers or min(32, os.cpu_count() or 1)
+    workers = workers or min(32, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                             else os.cpu_count() or 1)
     t0 = time.perf_counter()
     try:
         with compiling_only(workers):

@@ -148,7 +148,7 @@ def precompile(*fns) -> None:
     it, one after the other)."""
     import kernels
 
-    if not (torch.cuda.is_available() and kernels.HAS_TRITON):
+    if not (fns and torch.cuda.is_available() and kernels.HAS_TRITON):
         return
     if os.environ.get("SIGMA_MOE_PRECOMPILE", "1") == "0":
         print("precompile: off (SIGMA_MOE_PRECOMPILE=0)")

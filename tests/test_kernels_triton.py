@@ -381,8 +381,10 @@ def test_autotune_times_graph_replays_after_the_callers_kernels(monkeypatch):
 def test_precompile_compiles_the_configs_an_autotuner_would_try(monkeypatch):
     """kernels/triton_precompile.py: inside `compiling_only` an autotuned launch compiles
     (warmup=True: nothing runs) each config its pruning keeps, with the launch's own
-    arguments, inside Triton's AsyncCompileMode; after it, launches run again. A failure
-    is reported, not raised: compiling ahead only saves time."""
+    arguments, inside Triton's AsyncCompileMode, and a backward stays on this thread (on
+    CUDA autograd's device thread would not see the compile mode: its compiles would go one
+    by one); after it, launches run again. A failure is reported, not raised: compiling
+    ahead only saves time."""
     import triton
     from triton.runtime import _async_compile
     from triton.runtime.autotuner import Autotuner
@@ -398,7 +400,8 @@ def test_precompile_compiles_the_configs_an_autotuner_would_try(monkeypatch):
 
         def run(self, *args, grid, warmup, **kwargs):
             calls.append((args, grid, warmup, kwargs["BLOCK"], kwargs["num_warps"],
-                          _async_compile.active_mode.get() is not None))
+                          _async_compile.active_mode.get() is not None,
+                          torch.autograd.is_multithreading_enabled()))
 
     tuner = Autotuner(
         Kernel(), ["x_ptr", "n"], [triton.Config({"BLOCK": b}, num_warps=4) for b in (16, 32, 64)],
@@ -409,7 +412,9 @@ def test_precompile_compiles_the_configs_an_autotuner_would_try(monkeypatch):
     with triton_precompile.compiling_only(workers=2):
         tuner[(3,)]("x", 32)
     assert Autotuner.run is run and tuner.nargs is None
-    assert calls == [(("x", 32), (3,), True, 16, 4, True), (("x", 32), (3,), True, 32, 4, True)]
+    assert calls == [(("x", 32), (3,), True, 16, 4, True, False),
+                     (("x", 32), (3,), True, 32, 4, True, False)]
+    assert torch.autograd.is_multithreading_enabled()
     assert triton_precompile.precompile(lambda: None) == (
         "precompile: skipped, the Triton interpreter compiles nothing")
     monkeypatch.setattr(triton_precompile, "precompile_problem", lambda: None)
