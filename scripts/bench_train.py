@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import kernels  # noqa: E402
 from models.ffn.dense import DenseConfig  # noqa: E402
 from models.ffn.sigma_moe import SigmaMoEConfig  # noqa: E402
 from models.transformer_xl import TransformerXL, TransformerXLConfig, n_params  # noqa: E402
@@ -38,6 +39,7 @@ from scripts.bench_common import (  # noqa: E402
     paired_ratio,
     parse_with_defaults,
     positive,
+    precompile,
     sync,
     write_json,
 )
@@ -60,6 +62,26 @@ def build(shape: str, kind: str) -> tuple[TransformerXL, int, int]:
            SigmaMoEConfig(D, L, n_e, g, k, reg_gamma=1e-3))
     cfg = TransformerXLConfig(vocab, D, L, H, C, 0.1, ctx, 4 * ctx, kind, ffn)
     return TransformerXL(cfg), ctx, vocab
+
+
+def precompile_moe(cfg: SigmaMoEConfig, tokens: int, device, dtype) -> None:
+    """The sigma-MoE layers' Triton kernels compiled ahead, in parallel
+    (bench_common.precompile): one `kernels.moe_mlp` forward+backward at the layers' shapes
+    and dtype, on random inputs, so that no model state changes (the memory, the
+    regularizer's statistics). WT-S's d_model of 412 is no multiple of 16: kernels of their
+    own, which the kernel benchmarks' shapes did not compile."""
+    D, E, G, K = cfg.d_model, cfg.n_experts, cfg.expert_size, cfg.k
+
+    def layer():
+        gen = dict(device=device, dtype=dtype, requires_grad=True)
+        x, gate = torch.randn(tokens, D, **gen), torch.rand(tokens, K, **gen)
+        w1, w2 = torch.randn(E, D, G, **gen), torch.randn(E, G, D, **gen)
+        expert = torch.rand(tokens, E, device=device).argsort(-1)[:, :K]
+        y = kernels.moe_mlp(x, expert, gate, w1, w2, cfg.hidden_dropout, training=True,
+                            backend=cfg.backend)
+        torch.autograd.grad(y, (x, gate, w1, w2), torch.randn_like(y))
+
+    precompile(layer)
 
 
 def make_step(model, ctx, batch, vocab, device, dtype):
@@ -121,6 +143,8 @@ def bench_batch(shape, device, dtype, warmup, reps, batch, profile=0) -> dict:
         model, ctx, vocab = build(shape, kind)
         base = torch.cuda.memory_allocated() if device.type == "cuda" else 0
         model.to(device).train()
+        if kind == "sigma_moe":
+            precompile_moe(model.cfg.ffn, batch * ctx, device, dtype)
         steps[kind] = make_step(model, ctx, batch, vocab, device, dtype)
         # the first step creates Adam's state (counted: it stays) and autotunes the Triton
         # kernels (not counted: their 256 MB cache-flush buffer is freed after tuning)
