@@ -2,8 +2,9 @@
 
 Triton's autotuner compiles each config of a launch the first time it times it, one after
 the other: one sigma-MoE layer's forward and backward make 72 of them (the gather's two
-epilogues, four scatter variants, two weight gradients, the wave; a few seconds each), and
-a benchmark's first steps spend minutes on that (on the H200 lease, minutes of 15).
+epilogues, four scatter variants, two weight gradients; the wave's come on top), at a
+quarter of a second to seconds each, and a benchmark's first steps spend minutes on that
+(on the H200 lease, minutes of 15).
 `precompile(fn)` runs fn() once with every autotuned launch replaced by the compiles of
 the configs it would time, with the same arguments (so the same specialisation: the
 autotuner's trials find them compiled), spread over a thread pool by Triton's
