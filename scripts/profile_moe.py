@@ -36,6 +36,7 @@ from scripts.bench_common import (  # noqa: E402
     graph_times,
     kernel_table,
     positive,
+    precompile,
     sync,
     write_json,
 )
@@ -109,6 +110,7 @@ def main(argv=None) -> dict:
     c = {"d_model": args.d_model, "n_experts": args.n_experts,
          "expert_size": args.expert_size, "d_ff": args.d_ff or args.n_experts * args.expert_size}
     layers = make_layers(c, args.tokens, args.k, "cuda", DTYPES[args.dtype], args.backends)
+    precompile(*(fn for layer, fn in layers.items() if layer.startswith("triton")))
     name = torch.cuda.get_device_name()
     out = {"device": name, "torch": torch.__version__, "dtype": args.dtype, "case": c,
            "tokens": args.tokens, "k": args.k,
