@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from kernels.triton_launch import _on_tensor_device
+from kernels.triton_launch import _on_tensor_device, cdiv, next_power_of_2
 
 
 @triton.jit
@@ -48,9 +48,9 @@ def _block_t(e_p2: int) -> int:
 @_on_tensor_device  # Triton launches on the current device, not on the tensors'
 def _launch(s_TE: Tensor, idx_TK: Tensor) -> None:
     T, E = s_TE.shape
-    e_p2 = triton.next_power_of_2(E)
+    e_p2 = next_power_of_2(E)
     block_t = _block_t(e_p2)
-    topk_kernel[(triton.cdiv(T, block_t),)](s_TE, idx_TK, T, E, s_TE.stride(0), s_TE.stride(1),
+    topk_kernel[(cdiv(T, block_t),)](s_TE, idx_TK, T, E, s_TE.stride(0), s_TE.stride(1),
                                             K=idx_TK.shape[1], E_P2=e_p2, BLOCK_T=block_t)
 
 

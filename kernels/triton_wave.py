@@ -44,6 +44,8 @@ from kernels.triton_launch import (
     _n_slots,
     _on_tensor_device,
     _prune_to_smem,
+    cdiv,
+    next_power_of_2,
 )
 
 # the table kernel holds [groups x experts] (and [groups x groups]) in one program
@@ -193,16 +195,16 @@ def wave_blocks(n_tokens: int, n_exp: int, n_slots: int, n_cols: int, elem_bytes
     """B: enough blocks that a diagonal's K blocks of Y rows fit L2_BUDGET_BYTES, few enough
     that an (expert, slot, block) segment keeps about BLOCK_M rows or more (each segment
     ends in a part-filled tile), at most MAX_GROUPS / K and MAX_LANES / E."""
-    want = triton.cdiv(n_tokens * n_cols * elem_bytes * n_slots, L2_BUDGET_BYTES)
+    want = cdiv(n_tokens * n_cols * elem_bytes * n_slots, L2_BUDGET_BYTES)
     cap = min(n_tokens // (n_exp * WAVE_BLOCK_M), MAX_GROUPS // n_slots,
-              MAX_LANES // (triton.next_power_of_2(n_exp) * n_slots))
+              MAX_LANES // (next_power_of_2(n_exp) * n_slots))
     return max(1, min(want, cap))
 
 
 def wave_problem(n_exp: int, n_slots: int, n_blocks: int = 1) -> str | None:
     """Why the one-launch scatter cannot take this routing (None: it can)."""
     groups = n_slots * n_blocks
-    if groups > MAX_GROUPS or triton.next_power_of_2(n_exp) * groups > MAX_LANES:
+    if groups > MAX_GROUPS or next_power_of_2(n_exp) * groups > MAX_LANES:
         return (f"E={n_exp}, K={n_slots}, {n_blocks} token blocks: the tile table holds at "
                 f"most {MAX_GROUPS} slots x blocks and {MAX_LANES} experts (to a power of two) "
                 "x slots x blocks")
@@ -215,15 +217,15 @@ def wave_table(tok_R, off_S, n_exp, n_tokens, n_blocks):
     groups, and the scatter's counters, zeroed."""
     K = _n_slots(off_S, n_exp)
     G = K * n_blocks
-    bound = triton.cdiv(tok_R.numel(), WAVE_BLOCK_M) + G * n_exp
+    bound = cdiv(tok_R.numel(), WAVE_BLOCK_M) + G * n_exp
     tab = torch.empty(bound, 4, dtype=torch.int32, device=tok_R.device)
     need = torch.empty(G + 1, dtype=torch.int32, device=tok_R.device)
     sync = torch.empty(G + 2, dtype=torch.int32, device=tok_R.device)
     wave_table_kernel[(1,)](
         tok_R, off_S, tab, need, sync, n_exp, K, n_blocks,
-        triton.cdiv(max(n_tokens, 1), n_blocks),
-        BLOCK_M=WAVE_BLOCK_M, G_P2=triton.next_power_of_2(G),
-        E_P2=triton.next_power_of_2(n_exp), num_warps=8)  # as kernels/triton_aot.py compiles it
+        cdiv(max(n_tokens, 1), n_blocks),
+        BLOCK_M=WAVE_BLOCK_M, G_P2=next_power_of_2(G),
+        E_P2=next_power_of_2(n_exp), num_warps=8)  # as kernels/triton_aot.py compiles it
     return tab, need, sync
 
 
@@ -238,7 +240,7 @@ def scatter_mm_wave(a_RK, w_EKN, tok_R, off_S, n_tokens, scale=None, order_R=Non
         raise ValueError(f"scatter_mm_wave: {problem}")
     tab, need, sync = wave_table(tok_R, off_S, E, n_tokens, B)
     y = torch.empty(n_tokens, N, dtype=a_RK.dtype, device=a_RK.device)
-    grid = lambda META: (tab.shape[0] * triton.cdiv(N, META["BLOCK_N"]),)  # noqa: E731
+    grid = lambda META: (tab.shape[0] * cdiv(N, META["BLOCK_N"]),)  # noqa: E731
     _scatter_wave[grid](
         a_RK, w_EKN, y, tok_R, tab, need, sync,
         scale if scale is not None else y, order_R if order_R is not None else tok_R,
