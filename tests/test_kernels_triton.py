@@ -426,8 +426,8 @@ def test_precompile_compiles_the_configs_an_autotuner_would_try(monkeypatch):
     assert calls == [(("x", 32), (3,), True, 16, 4, True, False),
                      (("x", 32), (3,), True, 32, 4, True, False)]
     assert torch.autograd.is_multithreading_enabled()
-    assert triton_precompile.precompile(lambda: None) == (
-        "precompile: skipped, the Triton interpreter compiles nothing")
+    monkeypatch.setattr(triton_precompile, "precompile_problem", lambda: "no compiler")
+    assert triton_precompile.precompile(lambda: None) == "precompile: skipped, no compiler"
     monkeypatch.setattr(triton_precompile, "precompile_problem", lambda: None)
     said = triton_precompile.precompile(lambda: tuner[(3,)]("x", None), workers=2)
     assert said.startswith("precompile: failed (TypeError: ") and Autotuner.run is run
@@ -571,6 +571,34 @@ def test_gpu_fused_faster_than_loop():
         return start.elapsed_time(end) / n
 
     assert ms("triton") < ms("reference")
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("schedule", ["slots", "wave"])
+def test_gpu_precompile_leaves_nothing_to_compile(schedule, monkeypatch):
+    """After `precompile` of a layer's forward+backward, the real run (autotuning, then the
+    launches) compiles nothing more: every trial found its config compiled under the key
+    the warm-up filled. The result is still right: the warm-up ran no autotuned kernel and
+    left nothing behind."""
+    from kernels import triton_launch, triton_ops, triton_precompile, triton_wave
+
+    monkeypatch.setattr(triton_ops, "SCATTER", schedule)
+    # a shape of its own (odd tokens, G = 48), so that the kernels are new to this process
+    case = random_case(T=523, D=208, E=8, G=48, K=3, dtype=torch.bfloat16, device="cuda")
+    said = triton_precompile.precompile(lambda: run_case(case, "triton"))
+    assert said.startswith("precompile: the autotune configs"), said
+    tuners = [triton_launch._gather_mm, triton_launch._scatter_mm, triton_launch._wgrad,
+              triton_wave._scatter_wave]
+    device = torch.cuda.current_device()
+
+    def compiled():
+        return [len(t.fn.device_caches[device][0]) for t in tuners]
+
+    before = compiled()
+    got = run_case(case, "triton")
+    assert compiled() == before
+    assert_close(compare(got, reference_case(case)), torch.bfloat16)
 
 
 def test_a_launch_makes_its_tensors_device_current(monkeypatch):
