@@ -37,10 +37,12 @@ def aot_problem() -> str | None:
 def variants(dt: str = "bf16", blocks: dict | None = None):
     """(kernel name, constexprs, unit-stride args, 16-divisible args, pointer types).
     dt "fp32-ieee": fp32 products without TF32 (torch's default), on FMA units."""
-    from kernels.triton_launch import MIN_SEG_P2
+    from kernels.triton_launch import _seg_p2
     from kernels.triton_wave import WAVE_BLOCK_M
 
-    seg = {"SEG_P2": MIN_SEG_P2}  # what the launchers pass for E*K <= 128
+    # what the launchers pass at issue 4's target case: the gather searches E*K = 128
+    # segments, a slot of the scatter E = 32
+    seg, seg_slot = {"SEG_P2": _seg_p2(32 * 4)}, {"SEG_P2": _seg_p2(32)}
     precision = "ieee" if dt == "fp32-ieee" else "tf32"
     dt = "fp32" if dt == "fp32-ieee" else dt
     base = {"DOT_F32": dt == "fp32", "PRECISION": precision,
@@ -66,11 +68,11 @@ def variants(dt: str = "bf16", blocks: dict | None = None):
          ["stride_ak", "stride_wk", "stride_cn"],
          ["N", "KD", "stride_am", "stride_we", "stride_wn", "stride_cm"], g_ptr),
         # gate-scaled down-projection of one slot: h [R, G], W2[e, g, d]
-        ("scatter_mm_kernel", {**base, **seg, "HAS_SCALE": True, "ACCUMULATE": True},
+        ("scatter_mm_kernel", {**base, **seg_slot, "HAS_SCALE": True, "ACCUMULATE": True},
          ["stride_ak", "stride_wn", "stride_yn"],
          ["N", "KD", "stride_am", "stride_we", "stride_wk", "stride_ym"], s_ptr),
         # dx of one slot: d pre-ReLU [R, G], W = W1^T
-        ("scatter_mm_kernel", {**base, **seg, "HAS_SCALE": False, "ACCUMULATE": False},
+        ("scatter_mm_kernel", {**base, **seg_slot, "HAS_SCALE": False, "ACCUMULATE": False},
          ["stride_ak", "stride_wk", "stride_yn"],
          ["N", "KD", "stride_am", "stride_we", "stride_wn", "stride_ym"], s_ptr),
         # the same two in one launch for all slots (kernels/triton_wave.py)

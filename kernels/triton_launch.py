@@ -264,9 +264,12 @@ def _dot_args(dtype: torch.dtype) -> dict:
     return {"DOT_F32": False, "PRECISION": "tf32"}  # 16-bit tiles: tensor cores, fp32 acc
 
 
-# at least this many segment lanes (a few hundred bytes of offsets per program): one
-# compiled variant serves every E*K up to 128, where each power of two was a compile of its own
-MIN_SEG_P2 = 128
+# segment lanes of the in-kernel tile search (`_segment_tile`): a power of two, at least a
+# warp's 32. Up to 32 segments (the scatter's E = 32 at issue 4's target case) its
+# reductions stay inside a warp; 128 lanes span 4 warps, and the PTX before the first load
+# had 22 block barriers (sm_90). Each lane count is a compiled variant of its own, which
+# kernels/triton_precompile.py compiles beside the others.
+MIN_SEG_P2 = 32
 
 
 def _seg_p2(n_seg: int) -> int:
