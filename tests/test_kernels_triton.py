@@ -464,6 +464,21 @@ def layer():
 print(precompile(layer, workers=2))
 print(*(f"{k} {len(getattr(L, k).fn.device_caches[0][0])}"
         for k in ("_gather_mm", "_scatter_mm", "_wgrad")))
+
+# then the real run, the autotuner's trials timed by a stub and every launch a no-op: it
+# must find each kernel compiled under the key the warm-up filled
+from types import SimpleNamespace
+from triton.runtime.autotuner import Autotuner
+from triton.runtime.jit import JITFunction
+
+StandIn.launcher_cls = staticmethod(lambda src, metadata: lambda *args: None)
+StandIn.utils = SimpleNamespace(load_binary=lambda *args: (None, None, 0, 0, 1024),
+                                get_device_properties=lambda device: {"max_shared_mem": 232448})
+Autotuner._bench = lambda self, *args, config, **kwargs: [1.0, 1.0, 1.0]
+compiles, do_compile = [], JITFunction._do_compile
+JITFunction._do_compile = lambda self, *a, **k: compiles.append(self) or do_compile(self, *a, **k)
+layer()
+print("compiled by the run after it:", len(compiles))
 """
 
 
@@ -472,12 +487,14 @@ def test_precompile_compiles_the_fused_layer_for_hopper_and_launches_nothing():
     fused layer compiles every kernel variant it launches (one config each here: the tests
     set SIGMA_MOE_TRITON_AUTOTUNE=0) and runs none (the stand-in driver cannot launch: a
     launch would fail the run). The scatter has 4 variants (with and without the gate
-    scale, the first slot and the others), not 6: its slot index is not specialised."""
+    scale, the first slot and the others), not 6: its slot index is not specialised. The
+    real run after it (trials stubbed, launches no-ops) compiles nothing more."""
     need_hopper_toolchain()
     said = outside_interpreter("-c", PRECOMPILE_LAYER).splitlines()
     assert said[0].startswith("precompile: the autotune configs of the Triton launches "
                               "compiled in "), said
     assert said[1] == "_gather_mm 2 _scatter_mm 4 _wgrad 2"
+    assert said[2] == "compiled by the run after it: 0"
 
 
 def test_bench_products_checks_the_rearranged_launches(tmp_path, monkeypatch, capsys):
