@@ -7,6 +7,7 @@ clipping, accumulation, validation schedule, checkpoints and resume. A task prov
     train_losses(n_micro) -> iterator       yields (loss, metrics) per micro-batch
     validate() -> dict                      metrics on the validation split
     tokens_per_step: int                    for tokens/s
+    precompile(n_micro, dtype) -> lines     optional: compile the GPU kernels ahead
     state_dict() / load_state_dict(s)       data position and memory
     discard_step()                          forget state the last step left (a skipped
                                             non-finite step: its memory may hold NaN)
@@ -377,6 +378,16 @@ class Trainer:
             signal.raise_signal(self._signal)
             raise SystemExit(128 + self._signal)  # a handler that returned: still stop
 
+    def _precompile(self) -> None:
+        """On a GPU, the task compiles its kernels ahead where it can (LMTask.precompile:
+        the Triton autotune configs in parallel), so that the first step does not compile
+        them one by one."""
+        if self.device.type != "cuda" or not hasattr(self.task, "precompile"):
+            return
+        for line in self.task.precompile(self.cfg.grad_accum, self.amp_dtype):
+            if self.is_main:
+                note(line)
+
     def _continue_code(self) -> None:
         """After a resume: this code trains on, one more version when it is another."""
         before, now = self.code_fingerprints[-1], code_fingerprint()
@@ -393,6 +404,7 @@ class Trainer:
         cfg = self.cfg
         if self.resume():
             self._continue_code()
+        self._precompile()
         self.model.train()
         t0, tokens = time.perf_counter(), 0
         clock = t0  # the time of the steps redone after a resume counts once

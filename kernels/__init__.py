@@ -174,7 +174,35 @@ def moe_mlp(x_TD, expert_TK, gate_TK, w1_EDG, w2_EGD, hidden_dropout=0.0, traini
     return moe_mlp_torch(x_TD, gate_TK, w1_EDG, w2_EGD, routing, p, dropout)
 
 
+def precompile_moe(tokens: int, d_model: int, n_experts: int, expert_size: int, k: int,
+                   hidden_dropout: float = 0.0, backend: str = "auto", device="cuda",
+                   dtype: torch.dtype = torch.bfloat16) -> str:
+    """Compile ahead, in parallel, the Triton kernels that a training `moe_mlp` forward +
+    backward of these shapes launches (kernels/triton_precompile.py), by one dry run on
+    random inputs: nothing of a model is touched. -> a line saying what it did."""
+    device = torch.device(device)
+    if not HAS_TRITON or device.type != "cuda":
+        return f"precompile: skipped, no Triton kernels run on {device.type}"
+    from kernels.triton_precompile import precompile
+
+    return precompile(lambda: _moe_step(tokens, d_model, n_experts, expert_size, k,
+                                        hidden_dropout, backend, device, dtype))
+
+
+def _moe_step(tokens, d_model, n_experts, expert_size, k, hidden_dropout, backend, device,
+              dtype) -> None:
+    """One training `moe_mlp` forward+backward on random inputs of these shapes."""
+    leaf = dict(device=device, dtype=dtype, requires_grad=True)
+    x, gate = torch.randn(tokens, d_model, **leaf), torch.rand(tokens, k, **leaf)
+    w1 = torch.randn(n_experts, d_model, expert_size, **leaf)
+    w2 = torch.randn(n_experts, expert_size, d_model, **leaf)
+    expert = torch.rand(tokens, n_experts, device=device).argsort(-1)[:, :k]
+    y = moe_mlp(x, expert, gate, w1, w2, hidden_dropout, training=True, backend=backend)
+    torch.autograd.grad(y, (x, gate, w1, w2), torch.randn_like(y))
+
+
 __all__ = [
     "BACKENDS", "HAS_TRITON", "Routing", "backend_problem", "check_inputs", "make_routing",
-    "moe_mlp", "moe_mlp_reference", "resolve_backend", "selection_backend", "topk",
+    "moe_mlp", "moe_mlp_reference", "precompile_moe", "resolve_backend", "selection_backend",
+    "topk",
 ]

@@ -59,7 +59,10 @@ def compiling_only(workers: int):
 
 
 def precompile_problem() -> str | None:
-    """Why `precompile` cannot compile ahead here (None: it can)."""
+    """Why `precompile` cannot compile ahead here (None: it can). SIGMA_MOE_PRECOMPILE=0
+    turns it off (each config then compiles when the autotuner first times it)."""
+    if os.environ.get("SIGMA_MOE_PRECOMPILE", "1") == "0":
+        return "off (SIGMA_MOE_PRECOMPILE=0)"
     if INTERPRET:
         return "the Triton interpreter compiles nothing"
     if not hasattr(triton, "AsyncCompileMode"):

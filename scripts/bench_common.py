@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import statistics
 import time
 from pathlib import Path
@@ -143,15 +142,11 @@ def scatter_schedule(schedule: str):
 
 def precompile(*fns) -> None:
     """On CUDA: compile the autotune configs of the Triton launches that fns make, in
-    parallel, before anything times them (kernels/triton_precompile.py); says what it did.
-    SIGMA_MOE_PRECOMPILE=0: not ahead (each config compiles when the autotuner first times
-    it, one after the other)."""
+    parallel, before anything times them (kernels/triton_precompile.py; off with
+    SIGMA_MOE_PRECOMPILE=0); says what it did."""
     import kernels
 
     if not (fns and torch.cuda.is_available() and kernels.HAS_TRITON):
-        return
-    if os.environ.get("SIGMA_MOE_PRECOMPILE", "1") == "0":
-        print("precompile: off (SIGMA_MOE_PRECOMPILE=0)")
         return
     from kernels.triton_precompile import precompile as compile_ahead
 

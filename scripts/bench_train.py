@@ -39,7 +39,6 @@ from scripts.bench_common import (  # noqa: E402
     paired_ratio,
     parse_with_defaults,
     positive,
-    precompile,
     sync,
     write_json,
 )
@@ -64,24 +63,12 @@ def build(shape: str, kind: str) -> tuple[TransformerXL, int, int]:
     return TransformerXL(cfg), ctx, vocab
 
 
-def precompile_moe(cfg: SigmaMoEConfig, tokens: int, device, dtype) -> None:
-    """The sigma-MoE layers' Triton kernels compiled ahead, in parallel
-    (bench_common.precompile): one `kernels.moe_mlp` forward+backward at the layers' shapes
-    and dtype, on random inputs, so that no model state changes (the memory, the
-    regularizer's statistics). WT-S's d_model of 412 is no multiple of 16: kernels of their
+def precompile_moe(ffn: SigmaMoEConfig, tokens: int, device, dtype) -> str:
+    """The sigma-MoE layers' Triton kernels compiled ahead, in parallel, at the layers' shapes
+    (kernels.precompile_moe): WT-S's d_model of 412, no multiple of 16, makes kernels of its
     own, which the kernel benchmarks' shapes did not compile."""
-    D, E, G, K = cfg.d_model, cfg.n_experts, cfg.expert_size, cfg.k
-
-    def layer():
-        gen = dict(device=device, dtype=dtype, requires_grad=True)
-        x, gate = torch.randn(tokens, D, **gen), torch.rand(tokens, K, **gen)
-        w1, w2 = torch.randn(E, D, G, **gen), torch.randn(E, G, D, **gen)
-        expert = torch.rand(tokens, E, device=device).argsort(-1)[:, :K]
-        y = kernels.moe_mlp(x, expert, gate, w1, w2, cfg.hidden_dropout, training=True,
-                            backend=cfg.backend)
-        torch.autograd.grad(y, (x, gate, w1, w2), torch.randn_like(y))
-
-    precompile(layer)
+    return kernels.precompile_moe(tokens, ffn.d_model, ffn.n_experts, ffn.expert_size, ffn.k,
+                                  ffn.hidden_dropout, ffn.backend, device, dtype)
 
 
 def make_step(model, ctx, batch, vocab, device, dtype):
@@ -143,8 +130,8 @@ def bench_batch(shape, device, dtype, warmup, reps, batch, profile=0) -> dict:
         model, ctx, vocab = build(shape, kind)
         base = torch.cuda.memory_allocated() if device.type == "cuda" else 0
         model.to(device).train()
-        if kind == "sigma_moe":
-            precompile_moe(model.cfg.ffn, batch * ctx, device, dtype)
+        if kind == "sigma_moe" and device.type == "cuda":
+            print(precompile_moe(model.cfg.ffn, batch * ctx, device, dtype))
         steps[kind] = make_step(model, ctx, batch, vocab, device, dtype)
         # the first step creates Adam's state (counted: it stays) and autotunes the Triton
         # kernels (not counted: their 256 MB cache-flush buffer is freed after tuning)

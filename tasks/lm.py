@@ -19,11 +19,13 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+import kernels
 from framework.config import ConfigError, from_dict
 from framework.data import DATASETS, DataError, StreamBatcher, TokenData
 from framework.data.base import train_tokens_for
 from framework.distributed import all_gather_cat
 from models.ffn import FFNS
+from models.ffn.experts import ExpertsFFN
 from models.transformer_xl import Memory, TransformerXL, TransformerXLConfig
 
 EVAL_LINE_S = 60.0  # into a log file, an evaluation says how far it got this often
@@ -144,6 +146,19 @@ class LMTask:
         self.tokens_per_step = cfg.batch_size * cfg.context
 
     # -- training --------------------------------------------------------------------------
+    def precompile(self, n_micro: int, dtype: torch.dtype) -> list[str]:
+        """Compile the Triton kernels of the model's expert layers ahead, in parallel, at
+        this process's micro-batch (kernels.precompile_moe: one dry run a distinct layer
+        shape, on random inputs; the model, its memory and its statistics are untouched).
+        Without it the first step's autotuning compiles them one by one (72 a layer
+        shape). -> what each dry run said."""
+        tokens = self.cfg.batch_size // self.world_size // n_micro * self.cfg.context
+        shapes = {(m.cfg.d_model, m.cfg.n_experts, m.cfg.expert_size, m.cfg.k,
+                   m.cfg.hidden_dropout, m.cfg.backend)
+                  for m in self.model.modules() if isinstance(m, ExpertsFFN)}
+        return [kernels.precompile_moe(tokens, *shape, device=self.device, dtype=dtype)
+                for shape in sorted(shapes)]
+
     def train_losses(self, n_micro: int
                      ) -> Iterator[tuple[torch.Tensor, dict[str, torch.Tensor | float]]]:
         """(loss, metrics) per micro-batch; metrics stay on the device (no sync per batch)."""

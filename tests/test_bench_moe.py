@@ -305,10 +305,9 @@ def test_triton_benchmarks_say_they_need_a_gpu_or_the_interpreter(script, monkey
         module.main([])
 
 
-def test_benchmarks_precompile_on_cuda_unless_told_not_to(monkeypatch, capsys):
+def test_benchmarks_precompile_on_cuda(monkeypatch, capsys):
     """bench_common.precompile: nothing without CUDA; on CUDA one dry run of all the given
-    layers inside kernels.triton_precompile.precompile, and its line printed;
-    SIGMA_MOE_PRECOMPILE=0 says it is off instead."""
+    layers inside kernels.triton_precompile.precompile, and its line printed."""
     import kernels
 
     ran = []
@@ -328,10 +327,8 @@ def test_benchmarks_precompile_on_cuda_unless_told_not_to(monkeypatch, capsys):
     monkeypatch.setattr(triton_precompile, "precompile", compile_ahead)
     bench_common.precompile(*layers)
     assert ran == ["a", "b"] and capsys.readouterr().out == "compiled\n"
-    monkeypatch.setenv("SIGMA_MOE_PRECOMPILE", "0")
-    bench_common.precompile(*layers)
-    assert ran == ["a", "b"]
-    assert capsys.readouterr().out == "precompile: off (SIGMA_MOE_PRECOMPILE=0)\n"
+    bench_common.precompile()  # no Triton layer among the benchmark's: no line
+    assert capsys.readouterr().out == ""
 
 
 NCU_CSV = '''==PROF== Connected to process 4242 (/usr/bin/python3)

@@ -92,22 +92,13 @@ def test_the_wt_big_step_target_is_judged_on_a_gpu(tmp_path, monkeypatch, capsys
 
 
 def test_the_moe_kernels_are_precompiled_at_the_layers_shapes(monkeypatch):
-    """bench_train.precompile_moe: its dry run is one kernels.moe_mlp forward+backward with
-    the model's layer config (shapes, dropout, backend) on random inputs of the step's token
-    count, gradients for x, gate and both weights (here run as is, on the CPU's path)."""
+    """bench_train.precompile_moe: kernels.precompile_moe at the model's layer config
+    (shapes, dropout, backend) and the step's token count."""
     from models.ffn.sigma_moe import SigmaMoEConfig
 
-    calls, runs = [], []
-    real = bench_train.kernels.moe_mlp
-
-    def moe_mlp(x, expert, gate, w1, w2, p, training, backend):
-        calls.append((tuple(x.shape), tuple(expert.shape), tuple(w1.shape), tuple(w2.shape),
-                      p, training, backend))
-        return real(x, expert, gate, w1, w2, p, training, backend=backend)
-
-    monkeypatch.setattr(bench_train.kernels, "moe_mlp", moe_mlp)
-    monkeypatch.setattr(bench_train, "precompile", lambda fn: runs.append(fn()))
+    calls = []
+    monkeypatch.setattr(bench_train.kernels, "precompile_moe",
+                        lambda *args: calls.append(args) or "said")
     cfg = SigmaMoEConfig(24, 2, 6, 16, 2, hidden_dropout=0.1)
-    bench_train.precompile_moe(cfg, 40, torch.device("cpu"), torch.float32)
-    assert calls == [((40, 24), (40, 2), (6, 24, 16), (6, 16, 24), 0.1, True, "auto")]
-    assert runs == [None]
+    assert bench_train.precompile_moe(cfg, 40, "cuda", torch.bfloat16) == "said"
+    assert calls == [(40, 24, 6, 16, 2, 0.1, "auto", "cuda", torch.bfloat16)]

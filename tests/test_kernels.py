@@ -328,3 +328,24 @@ def test_compile_fullgraph_traces_torch_path():
     torch.testing.assert_close(loss, loss_ref)
     for g, r in zip(grads, grads_ref):
         torch.testing.assert_close(g, r)
+
+
+def test_precompile_moe_dry_run_is_one_training_step(monkeypatch):
+    """kernels.precompile_moe: nothing off CUDA; its dry run is one training moe_mlp
+    forward+backward at the given shapes on random inputs (here run on the CPU's path)."""
+    import kernels
+
+    assert kernels.precompile_moe(40, 24, 6, 16, 2, device="cpu") == (
+        "precompile: skipped, no Triton kernels run on cpu")
+    calls, real = [], kernels.moe_mlp
+
+    def moe_mlp(x, expert, gate, w1, w2, p, training, backend):
+        calls.append((tuple(x.shape), tuple(expert.shape), tuple(gate.shape),
+                      tuple(w1.shape), tuple(w2.shape), p, training, backend))
+        y = real(x, expert, gate, w1, w2, p, training, backend=backend)
+        assert (expert < 6).all() and all(len(set(r)) == 2 for r in expert.tolist())
+        return y
+
+    monkeypatch.setattr(kernels, "moe_mlp", moe_mlp)
+    kernels._moe_step(40, 24, 6, 16, 2, 0.1, "torch", torch.device("cpu"), torch.float32)
+    assert calls == [((40, 24), (40, 2), (40, 2), (6, 24, 16), (6, 16, 24), 0.1, True, "torch")]

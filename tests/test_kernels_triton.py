@@ -426,8 +426,9 @@ def test_precompile_compiles_the_configs_an_autotuner_would_try(monkeypatch):
     assert calls == [(("x", 32), (3,), True, 16, 4, True, False),
                      (("x", 32), (3,), True, 32, 4, True, False)]
     assert torch.autograd.is_multithreading_enabled()
-    monkeypatch.setattr(triton_precompile, "precompile_problem", lambda: "no compiler")
-    assert triton_precompile.precompile(lambda: None) == "precompile: skipped, no compiler"
+    monkeypatch.setenv("SIGMA_MOE_PRECOMPILE", "0")
+    assert triton_precompile.precompile(lambda: None) == (
+        "precompile: skipped, off (SIGMA_MOE_PRECOMPILE=0)")
     monkeypatch.setattr(triton_precompile, "precompile_problem", lambda: None)
     said = triton_precompile.precompile(lambda: tuner[(3,)]("x", None), workers=2)
     assert said.startswith("precompile: failed (TypeError: ") and Autotuner.run is run

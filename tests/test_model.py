@@ -324,6 +324,22 @@ def test_training_loss_is_cross_entropy_plus_each_layers_regularizer():
     torch.testing.assert_close(loss, m["ce"] + reg)
 
 
+def test_the_task_precompiles_each_expert_layer_shape_at_its_micro_batch(monkeypatch):
+    """LMTask.precompile (the trainer calls it on CUDA before the first step): one
+    kernels.precompile_moe a distinct expert-layer shape, at the tokens of one micro-batch
+    of this process; a dense model has nothing to compile."""
+    import kernels
+
+    calls = []
+    monkeypatch.setattr(kernels, "precompile_moe",
+                        lambda *args, **kw: calls.append((args, kw)) or "compiled")
+    task = toy_task(make("sigma_moe"), n_tokens=4 * 13, batch_size=4, context=4)
+    assert task.precompile(2, torch.bfloat16) == ["compiled"]  # 3 layers, one shape
+    assert calls == [((4 // 2 * 4, D, 8, 8, 2, 0.0, "auto"),
+                      {"device": torch.device("cpu"), "dtype": torch.bfloat16})]
+    assert toy_task(make("dense")).precompile(1, torch.float32) == []
+
+
 def test_training_memory_starts_empty_at_each_epoch():
     """Transformer-XL's memory carries over between the segments of one pass over the
     streams; a new epoch restarts the streams at their beginnings, so it starts empty."""

@@ -358,3 +358,27 @@ def test_metrics_file_is_strict_json_with_nan_and_inf(tmp_path):
 
     row = json.loads((tmp_path / "metrics.jsonl").read_text(), parse_constant=refuse)
     assert (row["train/loss"], row["train/grad_norm"]) == ("nan", "inf")
+
+
+def test_on_a_gpu_the_task_precompiles_before_the_first_step(capsys):
+    """Trainer._precompile: on CUDA it asks the task to compile its kernels ahead (at the
+    micro-batch count and the autocast dtype) and shows what it said, on the main process
+    only; elsewhere, or for a task without the hook, nothing."""
+    from types import SimpleNamespace as NS
+
+    asked = []
+
+    class Task:
+        def precompile(self, n_micro, dtype):
+            asked.append((n_micro, dtype))
+            return ["precompile: compiled in 1.0 s"]
+
+    trainer = NS(device=torch.device("cuda"), task=Task(), cfg=NS(grad_accum=2),
+                 amp_dtype=torch.bfloat16, is_main=True)
+    Trainer._precompile(trainer)
+    assert asked == [(2, torch.bfloat16)]
+    assert capsys.readouterr().err == "precompile: compiled in 1.0 s\n"
+    Trainer._precompile(NS(**{**vars(trainer), "is_main": False}))  # rank > 0: quiet
+    Trainer._precompile(NS(**{**vars(trainer), "device": torch.device("cpu")}))
+    Trainer._precompile(NS(**{**vars(trainer), "task": object()}))
+    assert len(asked) == 2 and capsys.readouterr().err == ""
