@@ -191,14 +191,21 @@ def precompile_moe(tokens: int, d_model: int, n_experts: int, expert_size: int, 
 
 def _moe_step(tokens, d_model, n_experts, expert_size, k, hidden_dropout, backend, device,
               dtype) -> None:
-    """One training `moe_mlp` forward+backward on random inputs of these shapes."""
-    leaf = dict(device=device, dtype=dtype, requires_grad=True)
-    x, gate = torch.randn(tokens, d_model, **leaf), torch.rand(tokens, k, **leaf)
-    w1 = torch.randn(n_experts, d_model, expert_size, **leaf)
-    w2 = torch.randn(n_experts, expert_size, d_model, **leaf)
-    expert = torch.rand(tokens, n_experts, device=device).argsort(-1)[:, :k]
-    y = moe_mlp(x, expert, gate, w1, w2, hidden_dropout, training=True, backend=backend)
-    torch.autograd.grad(y, (x, gate, w1, w2), torch.randn_like(y))
+    """One training `moe_mlp` forward+backward on random inputs of these shapes. The random
+    number generators (the CPU's and the device's) are as they were after it: a run that
+    compiles ahead draws the same dropout masks as one that does not, and a resumed run
+    the same as an uninterrupted one."""
+    device = torch.device(device)
+    on = [device.index if device.index is not None else torch.cuda.current_device()] if (
+        device.type == "cuda") else []
+    with torch.random.fork_rng(devices=on):
+        leaf = dict(device=device, dtype=dtype, requires_grad=True)
+        x, gate = torch.randn(tokens, d_model, **leaf), torch.rand(tokens, k, **leaf)
+        w1 = torch.randn(n_experts, d_model, expert_size, **leaf)
+        w2 = torch.randn(n_experts, expert_size, d_model, **leaf)
+        expert = torch.rand(tokens, n_experts, device=device).argsort(-1)[:, :k]
+        y = moe_mlp(x, expert, gate, w1, w2, hidden_dropout, training=True, backend=backend)
+        torch.autograd.grad(y, (x, gate, w1, w2), torch.randn_like(y))
 
 
 __all__ = [

@@ -332,7 +332,8 @@ def test_compile_fullgraph_traces_torch_path():
 
 def test_precompile_moe_dry_run_is_one_training_step(monkeypatch):
     """kernels.precompile_moe: nothing off CUDA; its dry run is one training moe_mlp
-    forward+backward at the given shapes on random inputs (here run on the CPU's path)."""
+    forward+backward at the given shapes on random inputs (here run on the CPU's path),
+    which leaves the random number generator as it was."""
     import kernels
 
     assert kernels.precompile_moe(40, 24, 6, 16, 2, device="cpu") == (
@@ -347,5 +348,8 @@ def test_precompile_moe_dry_run_is_one_training_step(monkeypatch):
         return y
 
     monkeypatch.setattr(kernels, "moe_mlp", moe_mlp)
+    rng = torch.random.get_rng_state()
     kernels._moe_step(40, 24, 6, 16, 2, 0.1, "torch", torch.device("cpu"), torch.float32)
     assert calls == [((40, 24), (40, 2), (40, 2), (6, 24, 16), (6, 16, 24), 0.1, True, "torch")]
+    # the run's random stream is untouched (dropout masks, resumed runs)
+    assert torch.equal(torch.random.get_rng_state(), rng)
