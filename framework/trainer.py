@@ -381,12 +381,18 @@ class Trainer:
     def _precompile(self) -> None:
         """On a GPU, the task compiles its kernels ahead where it can (LMTask.precompile:
         the Triton autotune configs in parallel), so that the first step does not compile
-        them one by one."""
-        if self.device.type != "cuda" or not hasattr(self.task, "precompile"):
+        them one by one. Only a time saver: whatever goes wrong is a note, and the kernels
+        then compile when first run."""
+        if (self.device.type != "cuda" or not hasattr(self.task, "precompile")
+                or self.step >= self.cfg.steps):
             return
-        for line in self.task.precompile(self.cfg.grad_accum, self.amp_dtype):
-            if self.is_main:
-                note(line)
+        try:
+            lines = self.task.precompile(self.cfg.grad_accum, self.amp_dtype)
+        except Exception as err:
+            lines = [f"precompile: failed ({type(err).__name__}: {err})"]
+        for line in lines:  # the main process's lines, and any process's failure
+            if self.is_main or "failed" in line:
+                note(line if self.is_main else f"rank {self.dist.rank}: {line}")
 
     def _continue_code(self) -> None:
         """After a resume: this code trains on, one more version when it is another."""

@@ -176,13 +176,15 @@ def moe_mlp(x_TD, expert_TK, gate_TK, w1_EDG, w2_EGD, hidden_dropout=0.0, traini
 
 def precompile_moe(tokens: int, d_model: int, n_experts: int, expert_size: int, k: int,
                    hidden_dropout: float = 0.0, backend: str = "auto", device="cuda",
-                   dtype: torch.dtype = torch.bfloat16) -> str:
+                   dtype: torch.dtype = torch.bfloat16) -> str | None:
     """Compile ahead, in parallel, the Triton kernels that a training `moe_mlp` forward +
     backward of these shapes launches (kernels/triton_precompile.py), by one dry run on
-    random inputs: nothing of a model is touched. -> a line saying what it did."""
+    random inputs: nothing of a model is touched. -> a line saying what it did; None where
+    no Triton kernel would run (no CUDA, no Triton, a backend without Triton kernels)."""
     device = torch.device(device)
-    if not HAS_TRITON or device.type != "cuda":
-        return f"precompile: skipped, no Triton kernels run on {device.type}"
+    if not HAS_TRITON or device.type != "cuda" or backend not in ("auto", "triton",
+                                                                   "triton_unfused"):
+        return None
     from kernels.triton_precompile import precompile
 
     return precompile(lambda: _moe_step(tokens, d_model, n_experts, expert_size, k,

@@ -76,8 +76,11 @@ def precompile(fn, workers: int | None = None) -> str:
     first timed, as without it)."""
     if problem := precompile_problem():
         return f"precompile: skipped, {problem}"
-    workers = workers or min(32, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
-                             else os.cpu_count() or 1)
+    if not workers:
+        cores = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                 else os.cpu_count() or 1)
+        # the processes of a multi-GPU node (torchrun's LOCAL_WORLD_SIZE) share its cores
+        workers = max(1, min(32, cores // int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))
     t0 = time.perf_counter()
     try:
         with compiling_only(workers):

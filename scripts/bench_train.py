@@ -63,7 +63,7 @@ def build(shape: str, kind: str) -> tuple[TransformerXL, int, int]:
     return TransformerXL(cfg), ctx, vocab
 
 
-def precompile_moe(ffn: SigmaMoEConfig, tokens: int, device, dtype) -> str:
+def precompile_moe(ffn: SigmaMoEConfig, tokens: int, device, dtype) -> str | None:
     """The sigma-MoE layers' Triton kernels compiled ahead, in parallel, at the layers' shapes
     (kernels.precompile_moe): WT-S's d_model of 412, no multiple of 16, makes kernels of its
     own, which the kernel benchmarks' shapes did not compile."""
@@ -130,8 +130,9 @@ def bench_batch(shape, device, dtype, warmup, reps, batch, profile=0) -> dict:
         model, ctx, vocab = build(shape, kind)
         base = torch.cuda.memory_allocated() if device.type == "cuda" else 0
         model.to(device).train()
-        if kind == "sigma_moe" and device.type == "cuda":
-            print(precompile_moe(model.cfg.ffn, batch * ctx, device, dtype))
+        if kind == "sigma_moe" and (said := precompile_moe(model.cfg.ffn, batch * ctx,
+                                                           device, dtype)):
+            print(said)
         steps[kind] = make_step(model, ctx, batch, vocab, device, dtype)
         # the first step creates Adam's state (counted: it stays) and autotunes the Triton
         # kernels (not counted: their 256 MB cache-flush buffer is freed after tuning)

@@ -156,8 +156,9 @@ class LMTask:
         shapes = {(m.cfg.d_model, m.cfg.n_experts, m.cfg.expert_size, m.cfg.k,
                    m.cfg.hidden_dropout, m.cfg.backend)
                   for m in self.model.modules() if isinstance(m, ExpertsFFN)}
-        return [kernels.precompile_moe(tokens, *shape, device=self.device, dtype=dtype)
-                for shape in sorted(shapes)]
+        said = (kernels.precompile_moe(tokens, *shape, device=self.device, dtype=dtype)
+                for shape in sorted(shapes))
+        return [line for line in said if line is not None]
 
     def train_losses(self, n_micro: int
                      ) -> Iterator[tuple[torch.Tensor, dict[str, torch.Tensor | float]]]:

@@ -331,13 +331,13 @@ def test_compile_fullgraph_traces_torch_path():
 
 
 def test_precompile_moe_dry_run_is_one_training_step(monkeypatch):
-    """kernels.precompile_moe: nothing off CUDA; its dry run is one training moe_mlp
-    forward+backward at the given shapes on random inputs (here run on the CPU's path),
-    which leaves the random number generator as it was."""
+    """kernels.precompile_moe: nothing off CUDA or for a backend without Triton kernels; its
+    dry run is one training moe_mlp forward+backward at the given shapes on random inputs
+    (here run on the CPU's path), which leaves the random number generator as it was."""
     import kernels
 
-    assert kernels.precompile_moe(40, 24, 6, 16, 2, device="cpu") == (
-        "precompile: skipped, no Triton kernels run on cpu")
+    assert kernels.precompile_moe(40, 24, 6, 16, 2, device="cpu") is None
+    assert kernels.precompile_moe(40, 24, 6, 16, 2, backend="torch", device="cuda") is None
     calls, real = [], kernels.moe_mlp
 
     def moe_mlp(x, expert, gate, w1, w2, p, training, backend):

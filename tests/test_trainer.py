@@ -361,24 +361,33 @@ def test_metrics_file_is_strict_json_with_nan_and_inf(tmp_path):
 
 
 def test_on_a_gpu_the_task_precompiles_before_the_first_step(capsys):
-    """Trainer._precompile: on CUDA it asks the task to compile its kernels ahead (at the
-    micro-batch count and the autocast dtype) and shows what it said, on the main process
-    only; elsewhere, or for a task without the hook, nothing."""
+    """Trainer._precompile: on CUDA, with steps left, it asks the task to compile its
+    kernels ahead (at the micro-batch count and the autocast dtype) and shows what it said
+    on the main process, and a failure from any process; an error is a note, never the
+    run's end; elsewhere, for a finished run or a task without the hook, nothing."""
     from types import SimpleNamespace as NS
 
-    asked = []
+    asked, said = [], ["precompile: compiled in 1.0 s"]
 
     class Task:
         def precompile(self, n_micro, dtype):
             asked.append((n_micro, dtype))
-            return ["precompile: compiled in 1.0 s"]
+            if said is None:
+                raise RuntimeError("no GPU memory")
+            return said
 
-    trainer = NS(device=torch.device("cuda"), task=Task(), cfg=NS(grad_accum=2),
-                 amp_dtype=torch.bfloat16, is_main=True)
-    Trainer._precompile(trainer)
-    assert asked == [(2, torch.bfloat16)]
-    assert capsys.readouterr().err == "precompile: compiled in 1.0 s\n"
-    Trainer._precompile(NS(**{**vars(trainer), "is_main": False}))  # rank > 0: quiet
-    Trainer._precompile(NS(**{**vars(trainer), "device": torch.device("cpu")}))
-    Trainer._precompile(NS(**{**vars(trainer), "task": object()}))
-    assert len(asked) == 2 and capsys.readouterr().err == ""
+    trainer = NS(device=torch.device("cuda"), task=Task(), cfg=NS(grad_accum=2, steps=10),
+                 step=3, amp_dtype=torch.bfloat16, is_main=True, dist=NS(rank=0))
+
+    def run(**changes):
+        Trainer._precompile(NS(**{**vars(trainer), **changes}))
+        return capsys.readouterr().err
+
+    assert run() == "precompile: compiled in 1.0 s\n" and asked == [(2, torch.bfloat16)]
+    assert run(is_main=False, dist=NS(rank=3)) == ""  # another process: quiet
+    said = None
+    assert run(is_main=False, dist=NS(rank=3)) == (
+        "rank 3: precompile: failed (RuntimeError: no GPU memory)\n")
+    assert len(asked) == 3
+    assert run(device=torch.device("cpu")) == run(task=object()) == run(step=10) == ""
+    assert len(asked) == 3
