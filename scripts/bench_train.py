@@ -26,7 +26,6 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-import kernels  # noqa: E402
 from models.ffn.dense import DenseConfig  # noqa: E402
 from models.ffn.sigma_moe import SigmaMoEConfig  # noqa: E402
 from models.transformer_xl import TransformerXL, TransformerXLConfig, n_params  # noqa: E402
@@ -61,14 +60,6 @@ def build(shape: str, kind: str) -> tuple[TransformerXL, int, int]:
            SigmaMoEConfig(D, L, n_e, g, k, reg_gamma=1e-3))
     cfg = TransformerXLConfig(vocab, D, L, H, C, 0.1, ctx, 4 * ctx, kind, ffn)
     return TransformerXL(cfg), ctx, vocab
-
-
-def precompile_moe(ffn: SigmaMoEConfig, tokens: int, device, dtype) -> str | None:
-    """The sigma-MoE layers' Triton kernels compiled ahead, in parallel, at the layers' shapes
-    (kernels.precompile_moe): WT-S's d_model of 412, no multiple of 16, makes kernels of its
-    own, which the kernel benchmarks' shapes did not compile."""
-    return kernels.precompile_moe(tokens, ffn.d_model, ffn.n_experts, ffn.expert_size, ffn.k,
-                                  ffn.hidden_dropout, ffn.backend, device, dtype)
 
 
 def make_step(model, ctx, batch, vocab, device, dtype):
@@ -130,8 +121,10 @@ def bench_batch(shape, device, dtype, warmup, reps, batch, profile=0) -> dict:
         model, ctx, vocab = build(shape, kind)
         base = torch.cuda.memory_allocated() if device.type == "cuda" else 0
         model.to(device).train()
-        if kind == "sigma_moe" and (said := precompile_moe(model.cfg.ffn, batch * ctx,
-                                                           device, dtype)):
+        # the layers' kernels compiled ahead at their shapes: WT-S's d_model of 412, no
+        # multiple of 16, makes kernels of its own, which the kernel benchmarks' did not
+        if kind == "sigma_moe" and (said := model.cfg.ffn.precompile(batch * ctx, device,
+                                                                     dtype)):
             print(said)
         steps[kind] = make_step(model, ctx, batch, vocab, device, dtype)
         # the first step creates Adam's state (counted: it stays) and autotunes the Triton

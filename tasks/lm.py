@@ -19,7 +19,6 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-import kernels
 from framework.config import ConfigError, from_dict
 from framework.data import DATASETS, DataError, StreamBatcher, TokenData
 from framework.data.base import train_tokens_for
@@ -148,16 +147,13 @@ class LMTask:
     # -- training --------------------------------------------------------------------------
     def precompile(self, n_micro: int, dtype: torch.dtype) -> list[str]:
         """Compile the Triton kernels of the model's expert layers ahead, in parallel, at
-        this process's micro-batch (kernels.precompile_moe: one dry run a distinct layer
-        shape, on random inputs; the model, its memory and its statistics are untouched).
+        this process's micro-batch (ExpertsConfig.precompile: one dry run a distinct layer
+        config, on random inputs; the model, its memory and its statistics are untouched).
         Without it the first step's autotuning compiles them one by one (72 a layer
         shape). -> what each dry run said."""
         tokens = self.cfg.batch_size // self.world_size // n_micro * self.cfg.context
-        shapes = {(m.cfg.d_model, m.cfg.n_experts, m.cfg.expert_size, m.cfg.k,
-                   m.cfg.hidden_dropout, m.cfg.backend)
-                  for m in self.model.modules() if isinstance(m, ExpertsFFN)}
-        said = (kernels.precompile_moe(tokens, *shape, device=self.device, dtype=dtype)
-                for shape in sorted(shapes))
+        layers = dict.fromkeys(m.cfg for m in self.model.modules() if isinstance(m, ExpertsFFN))
+        said = (cfg.precompile(tokens, self.device, dtype) for cfg in layers)
         return [line for line in said if line is not None]
 
     def train_losses(self, n_micro: int

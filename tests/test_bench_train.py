@@ -90,15 +90,3 @@ def test_the_wt_big_step_target_is_judged_on_a_gpu(tmp_path, monkeypatch, capsys
         assert f"wt_big     target: sigma-MoE step <= 0.6x dense: {verdict}" in \
             capsys.readouterr().out
 
-
-def test_the_moe_kernels_are_precompiled_at_the_layers_shapes(monkeypatch):
-    """bench_train.precompile_moe: kernels.precompile_moe at the model's layer config
-    (shapes, dropout, backend) and the step's token count."""
-    from models.ffn.sigma_moe import SigmaMoEConfig
-
-    calls = []
-    monkeypatch.setattr(bench_train.kernels, "precompile_moe",
-                        lambda *args: calls.append(args) or "said")
-    cfg = SigmaMoEConfig(24, 2, 6, 16, 2, hidden_dropout=0.1)
-    assert bench_train.precompile_moe(cfg, 40, "cuda", torch.bfloat16) == "said"
-    assert calls == [(40, 24, 6, 16, 2, 0.1, "auto", "cuda", torch.bfloat16)]

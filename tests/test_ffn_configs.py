@@ -78,3 +78,21 @@ def test_parameter_counts_are_exactly_the_papers_formulas():
         assert count[moe] == E * (2 * D * G + D)
     assert count["switch"] == 4 * (2 * D * 512 + D)  # N_E 4, G 512: parameter-matched K=1
     assert count["pkm"] == 4 * n * D + n * n * D
+
+
+def test_an_expert_layer_precompiles_at_its_own_shapes(monkeypatch):
+    """ExpertsConfig.precompile (LMTask.precompile and bench_train.py use it):
+    kernels.precompile_moe at the layer config's shapes, dropout and backend and the step's
+    token count."""
+    import torch
+
+    import kernels
+    from models.ffn.sigma_moe import SigmaMoEConfig
+
+    calls = []
+    monkeypatch.setattr(kernels, "precompile_moe",
+                        lambda *args, **kw: calls.append((args, kw)) or "said")
+    cfg = SigmaMoEConfig(24, 2, 6, 16, 2, hidden_dropout=0.1)
+    assert cfg.precompile(40, "cuda", torch.bfloat16) == "said"
+    assert calls == [((40, 24, 6, 16, 2, 0.1, "auto"),
+                      {"device": "cuda", "dtype": torch.bfloat16})]

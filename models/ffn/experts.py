@@ -16,6 +16,7 @@ from typing import Literal
 import torch
 import torch.nn as nn
 
+import kernels
 from framework.config import ConfigError, check_probability
 from kernels import BACKENDS, moe_mlp, selection_backend, topk
 from models.ffn.base import FFN
@@ -52,6 +53,13 @@ class ExpertsConfig:
             raise ConfigError(f"ffn.expert_size must be positive, got {self.expert_size}")
         if self.backend not in BACKENDS:
             raise ConfigError(f"ffn.backend={self.backend!r} is not one of {', '.join(BACKENDS)}")
+
+    def precompile(self, tokens: int, device, dtype: torch.dtype) -> str | None:
+        """kernels.precompile_moe at this layer's shapes, dropout and backend, for `tokens`
+        tokens a step: its Triton kernels compiled ahead (None: none would run)."""
+        return kernels.precompile_moe(tokens, self.d_model, self.n_experts, self.expert_size,
+                                      self.k, self.hidden_dropout, self.backend,
+                                      device=device, dtype=dtype)
 
 
 @torch.no_grad()
