@@ -133,7 +133,9 @@ if ((${TESTS_WORKERS:-4} > 1)) && "$py" -c "import xdist" 2>/dev/null; then
   workers=(-n "${TESTS_WORKERS:-4}")
 fi
 run tests "${TESTS_LIMIT:-200}" "$py" -m pytest -q -p no:cacheprovider "${workers[@]}" \
-  tests/test_kernels_triton.py tests/test_kernels_topk.py tests/test_kernels_wave.py \
+  tests/test_kernels_triton.py tests/test_kernels_triton_configs.py \
+  tests/test_kernels_precompile.py tests/test_kernels_topk.py tests/test_kernels_wave.py \
+  tests/test_bench_products.py \
   -m "${TESTS_MARK:-not slow}" \
   -k "not hopper and not smem_estimate and not spills${no_wave:+ and not wave}"
 run train "${TRAIN_LIMIT:-120}" "$py" scripts/bench_train.py --reps 5 --profile 12 \

@@ -44,3 +44,13 @@ def need_hopper_toolchain() -> None:
         pytest.skip("this Triton has no NVIDIA backend / ptxas")
     if problem := aot_problem():
         pytest.skip(problem)
+
+
+def checks_of_a_failing_run(main, argv, path, match: str, capsys) -> list[str]:
+    """A benchmark script's run that must stop with `match` after writing its JSON anew
+    (scripts/bench_scatter.py, bench_products.py): -> the `check` lines it printed."""
+    path.unlink()
+    with pytest.raises(SystemExit, match=match):
+        main(argv)
+    assert path.is_file()
+    return [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("check")]

@@ -1,0 +1,175 @@
+"""scripts/gpu_check.sh (what a short GPU lease runs, where a typo costs the lease), driven
+with stand-in python and ncu executables, and scripts/ncu_table.py, which tables its
+Nsight Compute step."""
+import json
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+NCU_CSV = '''==PROF== Connected to process 4242 (/usr/bin/python3)
+==PROF== Profiling "scatter_mm_kernel" - 0: 0%....50%....100% - 38 passes
+"ID","Process ID","Kernel Name","Block Size","Grid Size","gpu__time_duration.sum",\
+"dram__throughput.avg.pct_of_peak_sustained_elapsed","launch__registers_per_thread",\
+"smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio","dram__bytes.sum"
+"","","","","","nsecond","%","register/thread","ratio","byte"
+"0","4242","scatter_mm_kernel","(256, 1, 1)","(2104, 1, 1)","70,464","41.87","128","12.5",\
+"134,217,728"
+"1","4242","topk_kernel","(128, 1, 1)","(256, 1, 1)","3,072","",40,"1.25","2,097,152"
+==PROF== Disconnected from process 4242
+'''
+
+
+def test_ncu_table_reads_the_raw_csv_among_ncu_log_lines(tmp_path, capsys):
+    """scripts/ncu_table.py (gpu_check.sh's ncu step): one row a launch, ncu's own log lines
+    skipped, thousands separators read, nanoseconds to microseconds and bytes to MB, a
+    counter this ncu did not collect shown as "-", every counter in the JSON; a log with no
+    CSV says why."""
+    from scripts import ncu_table
+
+    path = tmp_path / "ncu.csv"
+    path.write_text(NCU_CSV)
+    launches = ncu_table.main([str(path), "--out", str(tmp_path / "ncu.json")])
+    scatter, topk = launches
+    assert scatter["kernel"] == "scatter_mm_kernel"
+    assert scatter["units"]["gpu__time_duration.sum"] == "us"
+    assert scatter["metrics"]["gpu__time_duration.sum"] == pytest.approx(70.464)
+    assert scatter["metrics"]["dram__throughput.avg.pct_of_peak_sustained_elapsed"] == 41.87
+    assert "dram__throughput.avg.pct_of_peak_sustained_elapsed" not in topk["metrics"]
+    assert scatter["info"]["Block Size"] == "(256, 1, 1)"
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split()[:4] == ["id", "kernel", "us", "DRAM"]
+    assert "DRAM MB" in lines[0] and "L2 MB" in lines[0]
+    # no SM counter or L2 bytes collected: "-"; counts stay integers
+    assert lines[1].split()[:9] == ["0", "scatter_mm_kernel", "70.5", "41.9", "-", "134.2", "-",
+                                    "-", "-"]
+    assert lines[1].split()[9] == "128"
+    assert lines[2].split()[:4] == ["1", "topk_kernel", "3.1", "-"]
+    assert scatter["units"]["dram__bytes.sum"] == "MB"
+    assert json.loads((tmp_path / "ncu.json").read_text())[1]["metrics"][
+        "launch__registers_per_thread"] == 40
+    no_units = "\n".join(ln for ln in NCU_CSV.splitlines() if not ln.startswith('"",'))
+    assert len(ncu_table.parse(no_units)) == 2  # a units row is not taken for granted
+    path.write_text("==PROF== No kernels were profiled.\n")
+    with pytest.raises(SystemExit, match="no CSV rows: was ncu run with --csv --page raw"):
+        ncu_table.main([str(path)])
+
+
+def _gpu_check(tmp_path, out="out", returncode=0, **env):
+    """Run scripts/gpu_check.sh with a stand-in python (records its arguments, writes an
+    empty JSON where --out says, prints bench_scatter's check lines unless NO_CHECK is set;
+    FAIL=script exits 1 for that script, SLEEP=script sleeps 10 s) and a stand-in ncu
+    (records, then runs the program it wraps). -> (the calls as argument lists, the log's
+    (step, exit) pairs, the log's text)."""
+    import shlex
+    import subprocess
+
+    log = tmp_path / "calls.log"
+    py = tmp_path / "python"
+    py.write_text(f"""#!/bin/bash
+echo "$*" >> {log}
+[[ $1 == *bench_scatter* && -z ${{NO_CHECK:-}} ]] && printf 'check fwd: ok\\ncheck dx: ok\\n'
+[[ $1 == *"${{SLEEP:-none}}"* ]] && sleep 10
+[[ $1 == *"${{FAIL:-none}}"* ]] && exit 1
+while [[ $# -gt 0 ]]; do [[ $1 == --out ]] && echo '{{}}' > "$2"; shift; done
+exit 0
+""")
+    ncu = tmp_path / "ncu"
+    ncu.write_text(f'#!/bin/bash\necho "ncu $*" >> {log}\n'
+                   'while [[ $# -gt 0 && "$1" != "$PYTHON" ]]; do shift; done\nexec "$@"\n')
+    for f in (py, ncu):
+        f.chmod(0o755)
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run(["bash", "scripts/gpu_check.sh", str(tmp_path / out)], cwd=root,
+                          env={"PATH": f"{tmp_path}:/usr/bin:/bin", "PYTHON": str(py), **env},
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == returncode, done.stderr + done.stdout
+    if returncode:
+        return done.stdout
+    text = (tmp_path / out / "gpu_check.log").read_text()
+    calls = [shlex.split(line) for line in log.read_text().splitlines()]
+    return calls, re.findall(r"=== (\w+): (exit \d+|skipped)", text), text
+
+
+def test_gpu_check_runs_only_commands_its_scripts_accept(tmp_path, monkeypatch):
+    """scripts/gpu_check.sh (what a short GPU lease runs, where a typo costs the lease):
+    every step runs, in order, and every script call parses with that script's own argument
+    parser (as on a CUDA machine); the steps keep running past a failing one."""
+    import importlib
+
+    calls, steps, _ = _gpu_check(
+        tmp_path, STEPS="env scatter moe profile products tests train ncu sweep sweeps")
+    assert [s for s, _ in steps] == ["env", "scatter", "moe", "profile", "products", "tests",
+                                     "train", "ncu", "sweep", "sweeps"]
+    scripts = {}
+    for call in calls:
+        if call[0].startswith("scripts/"):
+            scripts.setdefault(Path(call[0]).stem, []).append(call[1:])
+    assert sorted(scripts) == ["bench_moe", "bench_products", "bench_scatter", "bench_train",
+                               "ncu_table", "profile_moe"]
+    assert ["-m", "pytest"] == next(c for c in calls if c[0] == "-m")[:2]
+    ncu_call = next(c for c in calls if c[0] == "ncu")
+    assert {"--profile-from-start", "--csv"} <= set(ncu_call)
+    assert scripts["profile_moe"][-1][-1] == "--ncu"
+    assert "triton_wave" in scripts["bench_moe"][0]  # the scatter step passed
+    pytest_call = next(c for c in calls if c[0] == "-m")
+    assert " ".join(pytest_call).endswith("not spills")
+    assert pytest_call[pytest_call.index("-n") + 1] == "4"  # the stand-in "has" xdist
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # as on the GPU machine
+    for name, arg_lists in scripts.items():
+        module = importlib.import_module(f"scripts.{name}")
+        for args in arg_lists:
+            device = ["--device", "cuda"] if name in ("bench_moe", "bench_train") else []
+            module.parse_args([*args, *device])  # argparse's SystemExit fails the test
+
+
+def test_gpu_check_leaves_out_a_wave_that_failed(tmp_path):
+    """A wave scatter that fails (a wrong result, or a crash after its checks, e.g. in a
+    graph replay) or hangs before the scatter step has checked both scatters is not run
+    again: the steps after it run the fused layer with the per-slot scatters, and the tests
+    leave the wave's out. One cut short while timing, after both checks, is kept."""
+    def timed(calls):
+        return [c for c in calls if c[0] in ("scripts/bench_moe.py", "scripts/profile_moe.py")]
+
+    steps_run = "scatter moe profile tests ncu sweep"
+    calls, steps, text = _gpu_check(tmp_path, STEPS=steps_run, FAIL="bench_scatter")
+    assert steps[0] == ("scatter", "exit 1")
+    assert "the scatter step did not pass: the wave (triton_wave) is left out" in text
+    assert len(timed(calls)) == 4 and not any("triton_wave" in c for c in timed(calls))
+    pytest_k = next(c for c in calls if c[:2] == ["-m", "pytest"])
+    assert " ".join(pytest_k).endswith("not spills and not wave")  # (the stand-in's "$*")
+    calls, steps, text = _gpu_check(tmp_path, "cut", STEPS="scatter moe", SLEEP="bench_scatter",
+                                    SCATTER_LIMIT="1")
+    assert steps[0] == ("scatter", "exit 124") and "left out" not in text
+    assert "triton_wave" in timed(calls)[-1]
+    calls, steps, text = _gpu_check(tmp_path, "hung", STEPS="scatter moe", NO_CHECK="1",
+                                    SLEEP="bench_scatter", SCATTER_LIMIT="1")
+    assert steps[0] == ("scatter", "exit 124") and "left out" in text
+    assert "triton_wave" not in timed(calls)[-1]
+
+
+def test_gpu_check_packs_its_results_and_keeps_to_its_budget(tmp_path):
+    """PACK=1 (a lease that returns few files): the log and one archive of every step's
+    results. BUDGET: a step runs at most as long as the budget has left (the scatter step
+    here: killed after ~5 s, not its own 90), and the steps with too little left are
+    skipped, said so in the log."""
+    import tarfile
+    import time
+
+    t0 = time.monotonic()
+    calls, steps, text = _gpu_check(tmp_path, STEPS="scatter moe profile train", PACK="1",
+                                    BUDGET="6", MIN_STEP="1", GRACE="1", SLEEP="bench_scatter")
+    assert time.monotonic() - t0 < 9
+    assert steps == [("scatter", "exit 124"), ("moe", "skipped"), ("profile", "skipped"),
+                     ("train", "skipped")]
+    assert "=== scatter (limit 5s)" in text
+    calls, steps, _ = _gpu_check(tmp_path, "packed", STEPS="scatter moe profile train", PACK="1")
+    assert [e for _, e in steps] == ["exit 0"] * 4
+    out = tmp_path / "packed"
+    assert sorted(p.name for p in out.iterdir()) == ["gpu_check.log", "gpu_check.tar.gz"]
+    with tarfile.open(out / "gpu_check.tar.gz") as tar:
+        names = {Path(n).name for n in tar.getnames()}
+    assert {"gpu_check.log", "scatter.json", "moe.json", "profile.json", "train.json"} <= names
+    said = _gpu_check(tmp_path, "bad", returncode=2, BUDGET="540s")
+    assert said.strip() == "error: BUDGET=540s: a whole number of seconds"

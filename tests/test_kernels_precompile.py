@@ -1,0 +1,149 @@
+"""Compiling the autotune configs ahead, in parallel (kernels/triton_precompile.py): the
+autotuner's launches compile instead of running, and the real run after it finds them
+compiled (on this CPU through a stand-in CUDA driver for sm_90; on a GPU for real).
+"""
+import pytest
+import torch
+
+from kernels.testing import assert_close, compare, random_case, reference_case, run_case
+from tests.triton_helpers import CUDA, TRITON_MARKS, need_hopper_toolchain, outside_interpreter
+
+pytestmark = TRITON_MARKS
+
+
+def test_precompile_compiles_the_configs_an_autotuner_would_try(monkeypatch):
+    """kernels/triton_precompile.py: inside `compiling_only` an autotuned launch compiles
+    (warmup=True: nothing runs) each config its pruning keeps, with the launch's own
+    arguments, inside Triton's AsyncCompileMode, and a backward stays on this thread (on
+    CUDA autograd's device thread would not see the compile mode: its compiles would go one
+    by one); after it, launches run again. A failure is reported, not raised: compiling
+    ahead only saves time."""
+    import triton
+    from triton.runtime import _async_compile
+    from triton.runtime.autotuner import Autotuner
+
+    from kernels import triton_precompile
+
+    calls = []
+
+    class Kernel:  # the part of a JITFunction that an autotuner uses
+        @staticmethod
+        def fn(x_ptr, n, BLOCK):
+            pass
+
+        def run(self, *args, grid, warmup, **kwargs):
+            calls.append((args, grid, warmup, kwargs["BLOCK"], kwargs["num_warps"],
+                          _async_compile.active_mode.get() is not None,
+                          torch.autograd.is_multithreading_enabled()))
+
+    tuner = Autotuner(
+        Kernel(), ["x_ptr", "n"], [triton.Config({"BLOCK": b}, num_warps=4) for b in (16, 32, 64)],
+        key=["n"], reset_to_zero=None, restore_value=None,
+        prune_configs_by={"early_config_prune": lambda configs, named_args, **kw: [
+            c for c in configs if c.kwargs["BLOCK"] <= named_args["n"]]})
+    run = Autotuner.run
+    with triton_precompile.compiling_only(workers=2):
+        tuner[(3,)]("x", 32)
+    assert Autotuner.run is run and tuner.nargs is None
+    assert calls == [(("x", 32), (3,), True, 16, 4, True, False),
+                     (("x", 32), (3,), True, 32, 4, True, False)]
+    assert torch.autograd.is_multithreading_enabled()
+    monkeypatch.setenv("SIGMA_MOE_PRECOMPILE", "0")
+    assert triton_precompile.precompile(lambda: None) == (
+        "precompile: skipped, off (SIGMA_MOE_PRECOMPILE=0)")
+    monkeypatch.setattr(triton_precompile, "precompile_problem", lambda: None)
+    said = triton_precompile.precompile(lambda: tuner[(3,)]("x", None), workers=2)
+    assert said.startswith("precompile: failed (TypeError: ") and Autotuner.run is run
+
+
+# one forward+backward of the fused layer under `precompile`, in real Triton (outside the
+# interpreter) with a stand-in CUDA driver: it targets sm_90 and has nothing to launch with
+PRECOMPILE_LAYER = """
+import torch
+from triton.backends.compiler import GPUTarget
+from triton.runtime.driver import driver
+
+class StandIn:
+    def get_current_device(self): return 0
+    def get_current_stream(self, device): return 0
+    def get_current_target(self): return GPUTarget("cuda", 90, 32)
+
+driver.set_active(StandIn())
+import kernels.triton_launch as L
+from kernels import triton_ops
+from kernels.routing import make_routing
+from kernels.triton_precompile import precompile
+
+L.max_shared_mem = lambda index: L.H100_SMEM
+T, D, E, G, K = 64, 256, 8, 64, 4
+x, gate, w1, w2 = (torch.randn(*s, dtype=torch.bfloat16).requires_grad_()
+                   for s in ((T, D), (T, K), (E, D, G), (E, G, D)))
+routing = make_routing(torch.rand(T, E).argsort(-1)[:, :K], E)
+
+def layer():
+    y = triton_ops.moe_mlp_triton(x, gate, w1, w2, routing)
+    torch.autograd.grad(y, (x, gate, w1, w2), torch.randn_like(y))
+
+print(precompile(layer, workers=2))
+print(*(f"{k} {len(getattr(L, k).fn.device_caches[0][0])}"
+        for k in ("_gather_mm", "_scatter_mm", "_wgrad")))
+
+# then the real run, the autotuner's trials timed by a stub and every launch a no-op: it
+# must find each kernel compiled under the key the warm-up filled
+from types import SimpleNamespace
+from triton.runtime.autotuner import Autotuner
+from triton.runtime.jit import JITFunction
+
+StandIn.launcher_cls = staticmethod(lambda src, metadata: lambda *args: None)
+StandIn.utils = SimpleNamespace(load_binary=lambda *args: (None, None, 0, 0, 1024),
+                                get_device_properties=lambda device: {"max_shared_mem": 232448})
+Autotuner._bench = lambda self, *args, config, **kwargs: [1.0, 1.0, 1.0]
+compiles, do_compile = [], JITFunction._do_compile
+JITFunction._do_compile = lambda self, *a, **k: compiles.append(self) or do_compile(self, *a, **k)
+layer()
+print("compiled by the run after it:", len(compiles))
+"""
+
+
+def test_precompile_compiles_the_fused_layer_for_hopper_and_launches_nothing():
+    """The real JIT path on this CPU machine: under `precompile`, a forward+backward of the
+    fused layer compiles every kernel variant it launches (one config each here: the tests
+    set SIGMA_MOE_TRITON_AUTOTUNE=0) and runs none (the stand-in driver cannot launch: a
+    launch would fail the run). The scatter has 4 variants (with and without the gate
+    scale, the first slot and the others), not 6: its slot index is not specialised. The
+    real run after it (trials stubbed, launches no-ops) compiles nothing more."""
+    need_hopper_toolchain()
+    said = outside_interpreter("-c", PRECOMPILE_LAYER).splitlines()
+    assert said[0].startswith("precompile: the autotune configs of the Triton launches "
+                              "compiled in "), said
+    assert said[1] == "_gather_mm 2 _scatter_mm 4 _wgrad 2"
+    assert said[2] == "compiled by the run after it: 0"
+
+
+# ---------------------------------------------------------------------------- GPU only
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
+@pytest.mark.parametrize("schedule", ["slots", "wave"])
+def test_gpu_precompile_leaves_nothing_to_compile(schedule, monkeypatch):
+    """After `precompile` of a layer's forward+backward, the real run (autotuning, then the
+    launches) compiles nothing more: every trial found its config compiled under the key
+    the warm-up filled. The result is still right: the warm-up ran no autotuned kernel and
+    left nothing behind."""
+    from kernels import triton_launch, triton_ops, triton_precompile, triton_wave
+
+    monkeypatch.setattr(triton_ops, "SCATTER", schedule)
+    # a shape of its own (odd tokens, G = 48), so that the kernels are new to this process
+    case = random_case(T=523, D=208, E=8, G=48, K=3, dtype=torch.bfloat16, device="cuda")
+    said = triton_precompile.precompile(lambda: run_case(case, "triton"))
+    assert said.startswith("precompile: the autotune configs"), said
+    tuners = [triton_launch._gather_mm, triton_launch._scatter_mm, triton_launch._wgrad,
+              triton_wave._scatter_wave]
+    device = torch.cuda.current_device()
+
+    def compiled():
+        return [len(t.fn.device_caches[device][0]) for t in tuners]
+
+    before = compiled()
+    got = run_case(case, "triton")
+    assert compiled() == before
+    assert_close(compare(got, reference_case(case)), torch.bfloat16)
