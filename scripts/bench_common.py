@@ -164,9 +164,22 @@ def positive(text: str) -> int:
 def add_case_args(parser, case: dict) -> None:
     """The one-case arguments of the Triton kernel benchmarks, `case`'s values as defaults
     (bench_moe.GPU_TARGET: issue 4's target case), and the dtype (bf16)."""
-    for key in ("tokens", "d_model", "n_experts", "expert_size", "k"):
+    for key in CASE_KEYS:
         parser.add_argument("--" + key.replace("_", "-"), type=positive, default=case[key])
     parser.add_argument("--dtype", choices=list(DTYPES), default="bf16")
+
+
+CASE_KEYS = ("tokens", "d_model", "n_experts", "expert_size", "k")
+
+
+def case_record(device_name: str, args) -> dict:
+    """The head of a Triton kernel benchmark's JSON: where it ran (device, torch, Triton)
+    and the case of `add_case_args`."""
+    import sys
+
+    return {"device": device_name, "torch": torch.__version__,
+            "triton": getattr(sys.modules.get("triton"), "__version__", None),
+            "dtype": args.dtype, "case": {k: getattr(args, k) for k in CASE_KEYS}}
 
 
 def triton_device(script: str) -> tuple[str, str]:

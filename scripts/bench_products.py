@@ -46,6 +46,7 @@ from scripts.bench_common import (  # noqa: E402
     DTYPES,
     ROOT,
     add_case_args,
+    case_record,
     check_k,
     device_slug,
     graph_times,
@@ -165,11 +166,7 @@ def main(argv=None) -> dict:
     flat = {(p, v): fn for p, fns in prods.items() for v, fn in fns.items()}
     ms = (graph_times(flat, args.warmup, args.reps) if cuda
           else time_all(flat, device, args.warmup, args.reps))
-    out = {"device": name, "torch": torch.__version__,
-           "triton": getattr(sys.modules.get("triton"), "__version__", None),
-           "dtype": args.dtype, "timing": "cuda graph replays" if cuda else "eager",
-           "case": {k: getattr(args, k) for k in (
-               "tokens", "d_model", "n_experts", "expert_size", "k")},
+    out = {**case_record(name, args), "timing": "cuda graph replays" if cuda else "eager",
            "flops": flops, "results": []}
     print(f"{'product':12} {'variant':20} {'ms':>8} {'TFLOP/s':>8} {'x layer':>8} {'x bmm':>7}")
     bmm_rows = (T * K // E) * E

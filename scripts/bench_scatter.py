@@ -33,6 +33,7 @@ from scripts.bench_common import (  # noqa: E402
     DTYPES,
     ROOT,
     add_case_args,
+    case_record,
     check_k,
     cuda_graph,
     device_slug,
@@ -124,11 +125,8 @@ def main(argv=None) -> dict:
     bytes_slots = elem * (R * G + (2 * args.k - 1) * T * N)
     bytes_l2 = elem * (R * G + T * N)
     bw = datasheet_peaks(name, DTYPES[args.dtype])[1]
-    out = {"device": name, "torch": torch.__version__,
-           "triton": getattr(sys.modules.get("triton"), "__version__", None),
-           "dtype": args.dtype, "case": {k: getattr(args, k) for k in (
-               "tokens", "d_model", "n_experts", "expert_size", "k")},
-           "bytes_slots": bytes_slots, "bytes_l2": bytes_l2, "peak_bytes_s": bw, "results": []}
+    out = {**case_record(name, args), "bytes_slots": bytes_slots, "bytes_l2": bytes_l2,
+           "peak_bytes_s": bw, "results": []}
     floor = (f"DRAM floor at {bw / 1e12:.1f} TB/s: slots {bytes_slots / bw * 1e3:.3f} ms, "
              f"Y kept in L2 {bytes_l2 / bw * 1e3:.3f} ms") if bw else "no datasheet bandwidth"
     print(f"{name}, {args.dtype}, T={T} N={N} E={args.n_experts} G={G} K={args.k}; {floor}")
