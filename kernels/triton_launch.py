@@ -22,6 +22,7 @@ import os
 
 import torch
 import triton
+from triton.runtime.autotuner import Autotuner
 
 from kernels.triton_cvmm import (
     EPI_GATE_RELU_BWD,
@@ -237,6 +238,45 @@ else:
                        _prune_wgrad_to_smem)(wgrad_kernel)
 
 
+# what a launch through the autotuner runs: `precompile` swaps it for compiles
+_AUTOTUNER_RUN = Autotuner.run
+_CHOSEN: dict = {}  # (tuner, launch key) -> the config it chose
+
+
+@functools.cache
+def _key_plan(tuner: Autotuner) -> tuple[tuple, tuple]:
+    """(where each of the tuner's key arguments is, the positions of its pointer arguments:
+    every `*_ptr` of these kernels is a tensor)."""
+    names = tuner.arg_names
+    return (tuple((names.index(k), k) for k in tuner.keys),
+            tuple(i for i, n in enumerate(names) if n.endswith("_ptr")))
+
+
+def launch_kernel(kernel, grid, *args, **consts) -> None:
+    """kernel[grid](*args, **consts), scalars positional, constexprs by keyword.
+
+    Through an autotuner, each launch pays for its key: a dict of every argument and the
+    str() of every tensor's dtype, ~8 us of Python a launch (Triton 3.6 and 3.7; this CPU,
+    a gather launch: 21 us through the autotuner, 13 us straight to the kernel), about 5x
+    that on the H200 VM, where the eager layer is bound by its host time. Once the
+    autotuner chose a config for a key, launches with the same key args and tensor dtypes
+    (all that its key holds) go straight to the kernel with that config: the same launch.
+    While `precompile` compiles (Autotuner.run swapped), every launch goes through it."""
+    if not isinstance(kernel, Autotuner) or Autotuner.run is not _AUTOTUNER_RUN:
+        kernel[grid](*args, **consts)
+        return
+    key_at, ptrs = _key_plan(kernel)
+    key = (kernel, *(args[i] if i < len(args) else consts[k] for i, k in key_at),
+           *(args[i].dtype for i in ptrs))
+    config = _CHOSEN.get(key)
+    if config is None:
+        kernel[grid](*args, **consts)
+        if kernel.best_config.pre_hook is None:  # (none of these kernels' configs has one)
+            _CHOSEN[key] = kernel.best_config
+        return
+    kernel.fn.run(*args, grid=grid, warmup=False, **consts, **config.all_kwargs())
+
+
 def _blocks(**interpret_only) -> dict:
     """The block sizes under the interpreter (on a GPU the autotuner sets them)."""
     return {**_INTERPRET_BLOCKS, **interpret_only} if INTERPRET else {}
@@ -307,7 +347,8 @@ def gather_mm(a, w_EKN, tok_R, off_S, epilogue=EPI_NONE, h=None, gate=None, orde
     dummy = c  # pointer arguments the chosen epilogue never reads
     grid = lambda META: (  # noqa: E731
         (cdiv(R, META["BLOCK_M"]) + off_S.numel() - 1) * cdiv(N, META["BLOCK_N"]),)
-    _gather_mm[grid](
+    launch_kernel(
+        _gather_mm, grid,
         a, w_EKN, c, tok_R, off_S,
         h if h is not None else dummy, gate if gate is not None else dummy,
         order_R if order_R is not None else tok_R, gpart if gpart is not None else dummy,
@@ -333,7 +374,8 @@ def scatter_mm(a_RK, w_EKN, tok_R, off_S, n_tokens, scale=None, order_R=None):
     grid = lambda META: (  # noqa: E731
         (cdiv(n_tokens, META["BLOCK_M"]) + E) * cdiv(N, META["BLOCK_N"]),)
     for slot in range(K):
-        _scatter_mm[grid](
+        launch_kernel(
+        _scatter_mm, grid,
             a_RK, w_EKN, y, tok_R, off_S,
             scale if scale is not None else y, order_R if order_R is not None else tok_R,
             E, K, slot, N, KD,
@@ -352,7 +394,8 @@ def wgrad(a, b, tok_R, off_S, n_exp, gather_a, gather_b, dtype=None):
     dw = torch.empty(n_exp, M, N, dtype=dtype or a.dtype, device=a.device)
     grid = lambda META: (  # noqa: E731
         cdiv(M, META["BLOCK_M"]) * cdiv(N, META["BLOCK_N"]), n_exp)
-    _wgrad[grid](
+    launch_kernel(
+        _wgrad, grid,
         a, b, dw, tok_R, off_S,
         _n_slots(off_S, n_exp), M, N,
         a.stride(0), a.stride(1), b.stride(0), b.stride(1), *dw.stride(),

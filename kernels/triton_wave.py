@@ -45,6 +45,7 @@ from kernels.triton_launch import (
     _on_tensor_device,
     _prune_to_smem,
     cdiv,
+    launch_kernel,
     next_power_of_2,
 )
 
@@ -241,7 +242,8 @@ def scatter_mm_wave(a_RK, w_EKN, tok_R, off_S, n_tokens, scale=None, order_R=Non
     tab, need, sync = wave_table(tok_R, off_S, E, n_tokens, B)
     y = torch.empty(n_tokens, N, dtype=a_RK.dtype, device=a_RK.device)
     grid = lambda META: (tab.shape[0] * cdiv(N, META["BLOCK_N"]),)  # noqa: E731
-    _scatter_wave[grid](
+    launch_kernel(
+        _scatter_wave, grid,
         a_RK, w_EKN, y, tok_R, tab, need, sync,
         scale if scale is not None else y, order_R if order_R is not None else tok_R,
         K, K * B, N, KD,

@@ -56,6 +56,51 @@ def test_precompile_compiles_the_configs_an_autotuner_would_try(monkeypatch):
     assert said.startswith("precompile: failed (TypeError: ") and Autotuner.run is run
 
 
+def test_launch_kernel_goes_past_the_autotuner_once_it_chose(monkeypatch):
+    """kernels/triton_launch.launch_kernel: the first launch of a key (the tuner's key
+    arguments and every pointer's dtype, what Triton's own key holds) goes through the
+    autotuner, which times the configs; later launches of that key run its choice straight
+    away, without asking it (here it would now choose otherwise); another key value or
+    another dtype asks it again; inside `compiling_only` every launch compiles instead."""
+    import triton
+    from triton.runtime.autotuner import Autotuner
+
+    from kernels import triton_launch, triton_precompile
+
+    ran = []
+
+    class Kernel:  # the part of a JITFunction that an autotuner uses
+        @staticmethod
+        def fn(x_ptr, n, BLOCK):
+            pass
+
+        def run(self, *args, grid, warmup, **kwargs):
+            ran.append((args[0].dtype, args[1], kwargs["BLOCK"], warmup))
+
+    tuner = Autotuner(Kernel(), ["x_ptr", "n"],
+                      [triton.Config({"BLOCK": b}, num_warps=4) for b in (16, 32, 64)],
+                      key=["n"], reset_to_zero=None, restore_value=None)
+    fastest = {"BLOCK": 32}
+    timed = []
+    monkeypatch.setattr(tuner, "_bench", lambda *args, config, **kwargs: timed.append(
+        config.kwargs["BLOCK"]) or [1.0 if config.kwargs == fastest else 2.0] * 3)
+    x16, x32 = torch.zeros(2, dtype=torch.float16), torch.zeros(2)
+    triton_launch.launch_kernel(tuner, (1,), x16, 8)
+    assert timed == [16, 32, 64] and ran == [(torch.float16, 8, 32, False)]
+    fastest["BLOCK"] = 64
+    timed.clear(), ran.clear(), tuner.cache.clear()
+    triton_launch.launch_kernel(tuner, (1,), x16, 8)  # known: no trials, the first choice
+    assert timed == [] and ran == [(torch.float16, 8, 32, False)]
+    triton_launch.launch_kernel(tuner, (1,), x32, 8)  # another dtype: trials
+    triton_launch.launch_kernel(tuner, (1,), x16, 9)  # another n: trials
+    assert timed == [16, 32, 64] * 2
+    assert ran[1:] == [(torch.float32, 8, 64, False), (torch.float16, 9, 64, False)]
+    ran.clear()
+    with triton_precompile.compiling_only(workers=1):
+        triton_launch.launch_kernel(tuner, (1,), x16, 8)
+    assert ran == [(torch.float16, 8, b, True) for b in (16, 32, 64)]
+
+
 # one forward+backward of the fused layer under `precompile`, in real Triton (outside the
 # interpreter) with a stand-in CUDA driver: it targets sm_90 and has nothing to launch with
 PRECOMPILE_LAYER = """
@@ -94,7 +139,8 @@ from types import SimpleNamespace
 from triton.runtime.autotuner import Autotuner
 from triton.runtime.jit import JITFunction
 
-StandIn.launcher_cls = staticmethod(lambda src, metadata: lambda *args: None)
+launches = []
+StandIn.launcher_cls = staticmethod(lambda src, metadata: lambda *args: launches.append(1))
 StandIn.utils = SimpleNamespace(load_binary=lambda *args: (None, None, 0, 0, 1024),
                                 get_device_properties=lambda device: {"max_shared_mem": 232448})
 Autotuner._bench = lambda self, *args, config, **kwargs: [1.0, 1.0, 1.0]
@@ -102,6 +148,17 @@ compiles, do_compile = [], JITFunction._do_compile
 JITFunction._do_compile = lambda self, *a, **k: compiles.append(self) or do_compile(self, *a, **k)
 layer()
 print("compiled by the run after it:", len(compiles))
+
+# the next run goes past the autotuners (launch_kernel: their choices are known), and a
+# precompile after it still compiles only, even where a choice is known
+tuned, getitem = [], Autotuner.__getitem__
+Autotuner.__getitem__ = lambda self, grid: tuned.append(self) or getitem(self, grid)
+n = len(launches)
+layer()
+print(f"the next run: {len(launches) - n} launches, {len(tuned)} through an autotuner")
+n = len(launches)
+precompile(layer, workers=2)
+print(f"a precompile after it: {len(launches) - n} launches")
 """
 
 
@@ -111,13 +168,18 @@ def test_precompile_compiles_the_fused_layer_for_hopper_and_launches_nothing():
     set SIGMA_MOE_TRITON_AUTOTUNE=0) and runs none (the stand-in driver cannot launch: a
     launch would fail the run). The scatter has 4 variants (with and without the gate
     scale, the first slot and the others), not 6: its slot index is not specialised. The
-    real run after it (trials stubbed, launches no-ops) compiles nothing more."""
+    real run after it (trials stubbed, launches no-ops) compiles nothing more; the run
+    after that launches past the autotuners (`launch_kernel`), and a precompile then
+    launches nothing."""
     need_hopper_toolchain()
     said = outside_interpreter("-c", PRECOMPILE_LAYER).splitlines()
     assert said[0].startswith("precompile: the autotune configs of the Triton launches "
                               "compiled in "), said
     assert said[1] == "_gather_mm 2 _scatter_mm 4 _wgrad 2"
     assert said[2] == "compiled by the run after it: 0"
+    # the layer's launches: 2 gathers, 2 x K = 8 slot scatters, 2 weight gradients
+    assert said[3:] == ["the next run: 12 launches, 0 through an autotuner",
+                        "a precompile after it: 0 launches"]
 
 
 # ---------------------------------------------------------------------------- GPU only
