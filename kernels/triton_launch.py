@@ -257,22 +257,28 @@ def launch_kernel(kernel, grid, *args, **consts) -> None:
 
     Through an autotuner, each launch pays for its key: a dict of every argument and the
     str() of every tensor's dtype, ~8 us of Python a launch (Triton 3.6 and 3.7; this CPU,
-    a gather launch: 21 us through the autotuner, 13 us straight to the kernel), about 5x
+    a gather launch: 19 us through the autotuner, 11 us straight to the kernel), about 5x
     that on the H200 VM, where the eager layer is bound by its host time. Once the
-    autotuner chose a config for a key, launches with the same key args and tensor dtypes
-    (all that its key holds) go straight to the kernel with that config: the same launch.
-    While `precompile` compiles (Autotuner.run swapped), every launch goes through it."""
+    autotuner holds a config for a key, launches with the same key arguments and pointer
+    dtypes (all that its key holds) go straight to the kernel with that config: the same
+    launch. Where Triton's key were built otherwise, the lookup below would find nothing
+    and every launch would go through the autotuner, as before. While `precompile`
+    compiles (Autotuner.run swapped), every launch goes through it."""
     if not isinstance(kernel, Autotuner) or Autotuner.run is not _AUTOTUNER_RUN:
         kernel[grid](*args, **consts)
         return
     key_at, ptrs = _key_plan(kernel)
-    key = (kernel, *(args[i] if i < len(args) else consts[k] for i, k in key_at),
-           *(args[i].dtype for i in ptrs))
-    config = _CHOSEN.get(key)
+    values = tuple(args[i] if i < len(args) else consts[k] for i, k in key_at)
+    dtypes = tuple(args[i].dtype for i in ptrs)
+    config = _CHOSEN.get((kernel, values, dtypes))
     if config is None:
         kernel[grid](*args, **consts)
-        if kernel.best_config.pre_hook is None:  # (none of these kernels' configs has one)
-            _CHOSEN[key] = kernel.best_config
+        # Autotuner.run's key (Triton 3.6, 3.7), not `best_config`, which another thread's
+        # launch may have set meanwhile; a single config is not cached there
+        config = (kernel.configs[0] if len(kernel.configs) == 1
+                  else kernel.cache.get((*values, *map(str, dtypes))))
+        if config is not None and config.pre_hook is None:  # (these kernels' have none)
+            _CHOSEN[kernel, values, dtypes] = config
         return
     kernel.fn.run(*args, grid=grid, warmup=False, **consts, **config.all_kwargs())
 

@@ -61,7 +61,8 @@ def test_launch_kernel_goes_past_the_autotuner_once_it_chose(monkeypatch):
     arguments and every pointer's dtype, what Triton's own key holds) goes through the
     autotuner, which times the configs; later launches of that key run its choice straight
     away, without asking it (here it would now choose otherwise); another key value or
-    another dtype asks it again; inside `compiling_only` every launch compiles instead."""
+    another dtype asks it again; inside `compiling_only` every launch compiles instead. An
+    autotuner that keys its choices otherwise is asked every time."""
     import triton
     from triton.runtime.autotuner import Autotuner
 
@@ -99,6 +100,23 @@ def test_launch_kernel_goes_past_the_autotuner_once_it_chose(monkeypatch):
     with triton_precompile.compiling_only(workers=1):
         triton_launch.launch_kernel(tuner, (1,), x16, 8)
     assert ran == [(torch.float16, 8, b, True) for b in (16, 32, 64)]
+
+    class OtherKeys(dict):  # a Triton whose autotuner would key its choices otherwise
+        def __setitem__(self, key, config):
+            super().__setitem__(("other", key), config)
+
+        def __getitem__(self, key):
+            return super().__getitem__(("other", key))
+
+        def __contains__(self, key):
+            return super().__contains__(("other", key))
+
+    tuner.cache = OtherKeys()
+    timed.clear()
+    triton_launch.launch_kernel(tuner, (1,), x16, 10)
+    tuner.cache.clear()
+    triton_launch.launch_kernel(tuner, (1,), x16, 10)  # nothing known: through it again
+    assert timed == [16, 32, 64] * 2
 
 
 # one forward+backward of the fused layer under `precompile`, in real Triton (outside the
