@@ -1,6 +1,7 @@
 """Compiling the autotune configs ahead, in parallel (kernels/triton_precompile.py): the
 autotuner's launches compile instead of running, and the real run after it finds them
-compiled (on this CPU through a stand-in CUDA driver for sm_90; on a GPU for real).
+compiled (on this CPU through a stand-in CUDA driver for sm_90; on a GPU for real); and
+launching past the autotuner once it chose (kernels/triton_launch.launch_kernel).
 """
 import pytest
 import torch
@@ -11,20 +12,11 @@ from tests.triton_helpers import CUDA, TRITON_MARKS, need_hopper_toolchain, outs
 pytestmark = TRITON_MARKS
 
 
-def test_precompile_compiles_the_configs_an_autotuner_would_try(monkeypatch):
-    """kernels/triton_precompile.py: inside `compiling_only` an autotuned launch compiles
-    (warmup=True: nothing runs) each config its pruning keeps, with the launch's own
-    arguments, inside Triton's AsyncCompileMode, and a backward stays on this thread (on
-    CUDA autograd's device thread would not see the compile mode: its compiles would go one
-    by one); after it, launches run again. A failure is reported, not raised: compiling
-    ahead only saves time."""
+def fake_tuner(record, **autotune):
+    """A Triton Autotuner over configs BLOCK = 16, 32, 64, keyed on n, of a stand-in for
+    kernel(x_ptr, n, BLOCK) whose launches call record(args, grid, warmup, kwargs)."""
     import triton
-    from triton.runtime import _async_compile
     from triton.runtime.autotuner import Autotuner
-
-    from kernels import triton_precompile
-
-    calls = []
 
     class Kernel:  # the part of a JITFunction that an autotuner uses
         @staticmethod
@@ -32,13 +24,31 @@ def test_precompile_compiles_the_configs_an_autotuner_would_try(monkeypatch):
             pass
 
         def run(self, *args, grid, warmup, **kwargs):
-            calls.append((args, grid, warmup, kwargs["BLOCK"], kwargs["num_warps"],
-                          _async_compile.active_mode.get() is not None,
-                          torch.autograd.is_multithreading_enabled()))
+            record(args, grid, warmup, kwargs)
 
-    tuner = Autotuner(
-        Kernel(), ["x_ptr", "n"], [triton.Config({"BLOCK": b}, num_warps=4) for b in (16, 32, 64)],
-        key=["n"], reset_to_zero=None, restore_value=None,
+    return Autotuner(Kernel(), ["x_ptr", "n"],
+                     [triton.Config({"BLOCK": b}, num_warps=4) for b in (16, 32, 64)],
+                     key=["n"], reset_to_zero=None, restore_value=None, **autotune)
+
+
+def test_precompile_compiles_the_configs_an_autotuner_would_try(monkeypatch):
+    """kernels/triton_precompile.py: inside `compiling_only` an autotuned launch compiles
+    (warmup=True: nothing runs) each config its pruning keeps, with the launch's own
+    arguments, inside Triton's AsyncCompileMode, and a backward stays on this thread (on
+    CUDA autograd's device thread would not see the compile mode: its compiles would go one
+    by one); after it, launches run again. A failure is reported, not raised: compiling
+    ahead only saves time."""
+    from triton.runtime import _async_compile
+    from triton.runtime.autotuner import Autotuner
+
+    from kernels import triton_precompile
+
+    calls = []
+    tuner = fake_tuner(
+        lambda args, grid, warmup, kwargs: calls.append((
+            args, grid, warmup, kwargs["BLOCK"], kwargs["num_warps"],
+            _async_compile.active_mode.get() is not None,
+            torch.autograd.is_multithreading_enabled())),
         prune_configs_by={"early_config_prune": lambda configs, named_args, **kw: [
             c for c in configs if c.kwargs["BLOCK"] <= named_args["n"]]})
     run = Autotuner.run
@@ -63,24 +73,11 @@ def test_launch_kernel_goes_past_the_autotuner_once_it_chose(monkeypatch):
     away, without asking it (here it would now choose otherwise); another key value or
     another dtype asks it again; inside `compiling_only` every launch compiles instead. An
     autotuner that keys its choices otherwise is asked every time."""
-    import triton
-    from triton.runtime.autotuner import Autotuner
-
     from kernels import triton_launch, triton_precompile
 
     ran = []
-
-    class Kernel:  # the part of a JITFunction that an autotuner uses
-        @staticmethod
-        def fn(x_ptr, n, BLOCK):
-            pass
-
-        def run(self, *args, grid, warmup, **kwargs):
-            ran.append((args[0].dtype, args[1], kwargs["BLOCK"], warmup))
-
-    tuner = Autotuner(Kernel(), ["x_ptr", "n"],
-                      [triton.Config({"BLOCK": b}, num_warps=4) for b in (16, 32, 64)],
-                      key=["n"], reset_to_zero=None, restore_value=None)
+    tuner = fake_tuner(lambda args, grid, warmup, kwargs: ran.append(
+        (args[0].dtype, args[1], kwargs["BLOCK"], warmup)))
     fastest = {"BLOCK": 32}
     timed = []
     monkeypatch.setattr(tuner, "_bench", lambda *args, config, **kwargs: timed.append(
