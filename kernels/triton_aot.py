@@ -4,8 +4,9 @@ The Triton interpreter (the CPU tests) runs the kernels but never compiles them:
 code that real Triton rejects. This compiles every kernel variant the layer launches down to
 a cubin for sm_90 (Hopper), with the specialisations a real launch gets (unit strides
 become constants, pointers and row strides are 16-byte aligned), and reports what matters
-for speed: shared memory, whether the products use wgmma and whether the K loop is
-software-pipelined (cp.async), and with --spills the registers and spilled bytes (ptxas).
+for speed: shared memory, whether the products use wgmma, whether the K loop is
+software-pipelined (cp.async) and how many copy groups its waits leave in flight, and with
+--spills the registers and spilled bytes (ptxas).
 
     python -m kernels.triton_aot            # JSON lines, one per kernel variant (bf16)
     python -m kernels.triton_aot fp32 --all-configs   # every autotune config: does it fit?
@@ -138,10 +139,14 @@ def compile_all(dt: str = "bf16", capability: int = 90, warps: int = 8, stages: 
         compiled = triton.compile(ASTSource(fn, sig, cex, attrs), target=target,
                                   options={"num_warps": warps, "num_stages": stages})
         ttgir = compiled.asm["ttgir"]
+        waits = re.findall(r"cp\.async\.wait_group\s+(\d+)", compiled.asm["ptx"])
         yield {"kernel": name, "variant": {k: v for k, v in cex.items() if k.isupper()},
                "shared_bytes": compiled.metadata.shared,
                "wgmma": ttgir.count("warp_group_dot "),
                "async_copies": ttgir.count("async_copy_global_to_local"),
+               # the most copy groups a wait leaves in flight: 0 = each loop step waits
+               # for all its loads (benchmarks/gpu_h200.md item 9)
+               "copies_left_in_flight": max(map(int, waits), default=0),
                **(ptxas_usage(compiled.asm["ptx"], capability) if spills else {})}
 
 

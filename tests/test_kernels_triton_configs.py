@@ -3,6 +3,8 @@
 Triton, no GPU needed), which ones a GPU's shared memory keeps, and how the autotuner
 times them; the launchers' host-side arithmetic.
 """
+import functools
+
 import pytest
 import torch
 
@@ -18,6 +20,12 @@ def _compile_for_hopper(*args: str) -> list[dict]:
     need_hopper_toolchain()
     stdout = outside_interpreter("-m", "kernels.triton_aot", *args)
     return [json.loads(line) for line in stdout.splitlines()]
+
+
+@functools.cache
+def _fp32_configs_for_hopper() -> list[dict]:
+    """Every autotune config of every kernel variant, fp32 (its tiles are the largest)."""
+    return _compile_for_hopper("fp32", "--all-configs")
 
 
 def test_kernels_compile_for_hopper():
@@ -43,7 +51,7 @@ def test_smem_estimate_is_what_triton_allocates():
         fitting_configs,
     )
 
-    reports = _compile_for_hopper("fp32", "--all-configs")
+    reports = _fp32_configs_for_hopper()
     by_kernel = {k: [r for r in reports if r["kernel"] == k]
                  for k in ("gather_mm_kernel", "scatter_mm_kernel", "wgrad_kernel")}
     gather, wgrad = by_kernel["gather_mm_kernel"], by_kernel["wgrad_kernel"]
@@ -71,6 +79,28 @@ def test_smem_estimate_is_what_triton_allocates():
     kept = fitting_configs(WGRAD_CONFIGS, H100_SMEM, 4, wgrad=True)
     assert {tiles(c) for c in kept} == fitting(wgrad)
     assert len(kept) == len(WGRAD_CONFIGS) - 3
+
+
+def test_loads_stay_in_flight_across_loop_steps():
+    """What each config's num_stages S buys on sm_90: the copy groups that a loop step's
+    wait leaves in flight (PTX `cp.async.wait_group`). A gather, scatter or wave step
+    commits 2 groups (A and W tiles) and keeps S - 2 steps ahead. A wgrad step commits 3
+    (its rows' token ids, then the rows: a load behind a load, so the pipeliner gives the
+    ids stages of their own) and keeps (S + 1) // 2 - 2 ahead: with S = 3 or 4 (runs 1-3's
+    config, kept as the baseline) each step waited for all its loads, which fits its 105
+    us on the H200 (benchmarks/gpu_h200.md item 9); every other wgrad config keeps loads
+    in flight. A Triton whose pipeliner works otherwise fails here: WGRAD_CONFIGS' comment
+    and smem_bytes would then be wrong too."""
+    reports = _fp32_configs_for_hopper()
+    for r in reports:
+        s = r["num_stages"]
+        wgrad = r["kernel"] == "wgrad_kernel"
+        ahead = max(0, ((s + 1) // 2 if wgrad else s) - 2)
+        assert r["copies_left_in_flight"] == (3 if wgrad else 2) * ahead, r
+    from kernels.triton_launch import WGRAD_CONFIGS
+
+    baseline = WGRAD_CONFIGS[-1]
+    assert baseline.num_stages == 4 and all(c.num_stages >= 5 for c in WGRAD_CONFIGS[:-1])
 
 
 def test_fitting_configs_per_gpu():
