@@ -238,9 +238,7 @@ else:
                        _prune_wgrad_to_smem)(wgrad_kernel)
 
 
-# what a launch through the autotuner runs: `precompile` swaps it for compiles
-_AUTOTUNER_RUN = Autotuner.run
-_CHOSEN: dict = {}  # (tuner, launch key) -> the config it chose
+_CHOSEN: dict = {}  # (tuner, key argument values, pointer dtypes) -> the config it chose
 
 
 @functools.cache
@@ -253,7 +251,8 @@ def _key_plan(tuner: Autotuner) -> tuple[tuple, tuple]:
 
 
 def launch_kernel(kernel, grid, *args, **consts) -> None:
-    """kernel[grid](*args, **consts), scalars positional, constexprs by keyword.
+    """kernel[grid](*args, **consts): pointers (tensors) and scalars positional,
+    constexprs by keyword.
 
     Through an autotuner, each launch pays for its key: a dict of every argument and the
     str() of every tensor's dtype, ~8 us of Python a launch (Triton 3.6 and 3.7; this CPU,
@@ -261,10 +260,12 @@ def launch_kernel(kernel, grid, *args, **consts) -> None:
     that on the H200 VM, where the eager layer is bound by its host time. Once the
     autotuner holds a config for a key, launches with the same key arguments and pointer
     dtypes (all that its key holds) go straight to the kernel with that config: the same
-    launch. Where Triton's key were built otherwise, the lookup below would find nothing
-    and every launch would go through the autotuner, as before. While `precompile`
-    compiles (Autotuner.run swapped), every launch goes through it."""
-    if not isinstance(kernel, Autotuner) or Autotuner.run is not _AUTOTUNER_RUN:
+    launch. A choice is kept for the process, as the autotuner's own cache keeps it. Where
+    Triton's key were built otherwise, the lookup below would find nothing and every
+    launch would go through the autotuner, as before. While `Autotuner.run` is not
+    Triton's own (`precompile` swaps in compiles), every launch goes through it."""
+    if (not isinstance(kernel, Autotuner)
+            or Autotuner.run.__module__ != Autotuner.__module__):
         kernel[grid](*args, **consts)
         return
     key_at, ptrs = _key_plan(kernel)
@@ -277,7 +278,7 @@ def launch_kernel(kernel, grid, *args, **consts) -> None:
         # launch may have set meanwhile; a single config is not cached there
         config = (kernel.configs[0] if len(kernel.configs) == 1
                   else kernel.cache.get((*values, *map(str, dtypes))))
-        if config is not None and config.pre_hook is None:  # (these kernels' have none)
+        if config is not None and config.pre_hook is None:  # (these kernels' configs have none)
             _CHOSEN[kernel, values, dtypes] = config
         return
     kernel.fn.run(*args, grid=grid, warmup=False, **consts, **config.all_kwargs())
@@ -381,7 +382,7 @@ def scatter_mm(a_RK, w_EKN, tok_R, off_S, n_tokens, scale=None, order_R=None):
         (cdiv(n_tokens, META["BLOCK_M"]) + E) * cdiv(N, META["BLOCK_N"]),)
     for slot in range(K):
         launch_kernel(
-        _scatter_mm, grid,
+            _scatter_mm, grid,
             a_RK, w_EKN, y, tok_R, off_S,
             scale if scale is not None else y, order_R if order_R is not None else tok_R,
             E, K, slot, N, KD,

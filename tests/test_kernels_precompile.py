@@ -69,34 +69,36 @@ def test_precompile_compiles_the_configs_an_autotuner_would_try(monkeypatch):
 def test_launch_kernel_goes_past_the_autotuner_once_it_chose(monkeypatch):
     """kernels/triton_launch.launch_kernel: the first launch of a key (the tuner's key
     arguments and every pointer's dtype, what Triton's own key holds) goes through the
-    autotuner, which times the configs; later launches of that key run its choice straight
-    away, without asking it (here it would now choose otherwise); another key value or
-    another dtype asks it again; inside `compiling_only` every launch compiles instead. An
-    autotuner that keys its choices otherwise is asked every time."""
+    autotuner, which times the configs; later launches of that key run the same launch
+    (grid, arguments and every kwarg of the config) without asking it; another key value
+    or another dtype asks it again; inside `compiling_only` every launch compiles instead.
+    An autotuner that keys its choices otherwise is asked every time."""
+    from triton.runtime.autotuner import Autotuner
+
     from kernels import triton_launch, triton_precompile
 
-    ran = []
+    ran, timed, asked = [], [], []
     tuner = fake_tuner(lambda args, grid, warmup, kwargs: ran.append(
-        (args[0].dtype, args[1], kwargs["BLOCK"], warmup)))
-    fastest = {"BLOCK": 32}
-    timed = []
+        (args[0].dtype, args[1], grid, warmup, kwargs)))
     monkeypatch.setattr(tuner, "_bench", lambda *args, config, **kwargs: timed.append(
-        config.kwargs["BLOCK"]) or [1.0 if config.kwargs == fastest else 2.0] * 3)
+        config.kwargs["BLOCK"]) or [1.0 if config.kwargs["BLOCK"] == 32 else 2.0] * 3)
+    getitem = Autotuner.__getitem__
+    monkeypatch.setattr(Autotuner, "__getitem__",
+                        lambda self, grid: asked.append(grid) or getitem(self, grid))
     x16, x32 = torch.zeros(2, dtype=torch.float16), torch.zeros(2)
     triton_launch.launch_kernel(tuner, (1,), x16, 8)
-    assert timed == [16, 32, 64] and ran == [(torch.float16, 8, 32, False)]
-    fastest["BLOCK"] = 64
-    timed.clear(), ran.clear(), tuner.cache.clear()
-    triton_launch.launch_kernel(tuner, (1,), x16, 8)  # known: no trials, the first choice
-    assert timed == [] and ran == [(torch.float16, 8, 32, False)]
-    triton_launch.launch_kernel(tuner, (1,), x32, 8)  # another dtype: trials
-    triton_launch.launch_kernel(tuner, (1,), x16, 9)  # another n: trials
-    assert timed == [16, 32, 64] * 2
-    assert ran[1:] == [(torch.float32, 8, 64, False), (torch.float16, 9, 64, False)]
+    assert timed == [16, 32, 64] and len(asked) == 1
+    assert ran[0][:4] == (torch.float16, 8, (1,), False) and ran[0][4]["BLOCK"] == 32
+    triton_launch.launch_kernel(tuner, (1,), x16, 8)  # known: straight to the kernel
+    assert len(asked) == 1 and ran[1] == ran[0] and "num_warps" in ran[1][4]
+    triton_launch.launch_kernel(tuner, (1,), x32, 8)  # another dtype: asked, timed
+    triton_launch.launch_kernel(tuner, (1,), x16, 9)  # another n: asked, timed
+    assert len(asked) == 3 and timed == [16, 32, 64] * 3
+    assert [r[:2] for r in ran[2:]] == [(torch.float32, 8), (torch.float16, 9)]
     ran.clear()
     with triton_precompile.compiling_only(workers=1):
         triton_launch.launch_kernel(tuner, (1,), x16, 8)
-    assert ran == [(torch.float16, 8, b, True) for b in (16, 32, 64)]
+    assert [(r[3], r[4]["BLOCK"]) for r in ran] == [(True, b) for b in (16, 32, 64)]
 
     class OtherKeys(dict):  # a Triton whose autotuner would key its choices otherwise
         def __setitem__(self, key, config):
@@ -109,11 +111,10 @@ def test_launch_kernel_goes_past_the_autotuner_once_it_chose(monkeypatch):
             return super().__contains__(("other", key))
 
     tuner.cache = OtherKeys()
-    timed.clear()
-    triton_launch.launch_kernel(tuner, (1,), x16, 10)
-    tuner.cache.clear()
-    triton_launch.launch_kernel(tuner, (1,), x16, 10)  # nothing known: through it again
-    assert timed == [16, 32, 64] * 2
+    asked.clear()
+    for _ in range(2):
+        triton_launch.launch_kernel(tuner, (1,), x16, 10)
+    assert len(asked) == 2  # nothing found under the launch's key: asked every time
 
 
 # one forward+backward of the fused layer under `precompile`, in real Triton (outside the
@@ -168,12 +169,21 @@ print("compiled by the run after it:", len(compiles))
 # precompile after it still compiles only, even where a choice is known
 tuned, getitem = [], Autotuner.__getitem__
 Autotuner.__getitem__ = lambda self, grid: tuned.append(self) or getitem(self, grid)
-n = len(launches)
-layer()
-print(f"the next run: {len(launches) - n} launches, {len(tuned)} through an autotuner")
+
+def counted(name):
+    n, c = len(launches), len(compiles)
+    tuned.clear()
+    layer()
+    print(f"{name}: {len(launches) - n} launches, {len(tuned)} through an autotuner, "
+          f"{len(compiles) - c} compiles")
+
+counted("the next run")
 n = len(launches)
 precompile(layer, workers=2)
 print(f"a precompile after it: {len(launches) - n} launches")
+with triton_ops.scatter_schedule("wave"):  # each scatter: a tile table and one wave launch
+    layer()
+    counted("the wave's next run")
 """
 
 
@@ -192,9 +202,11 @@ def test_precompile_compiles_the_fused_layer_for_hopper_and_launches_nothing():
                               "compiled in "), said
     assert said[1] == "_gather_mm 2 _scatter_mm 4 _wgrad 2"
     assert said[2] == "compiled by the run after it: 0"
-    # the layer's launches: 2 gathers, 2 x K = 8 slot scatters, 2 weight gradients
-    assert said[3:] == ["the next run: 12 launches, 0 through an autotuner",
-                        "a precompile after it: 0 launches"]
+    # the layer's launches: 2 gathers, 2 x K = 8 slot scatters (or 2 tile tables and 2
+    # waves), 2 weight gradients
+    assert said[3:] == ["the next run: 12 launches, 0 through an autotuner, 0 compiles",
+                        "a precompile after it: 0 launches",
+                        "the wave's next run: 8 launches, 0 through an autotuner, 0 compiles"]
 
 
 # ---------------------------------------------------------------------------- GPU only
