@@ -7,9 +7,10 @@ can (>= 3.4, `cache_results`), the choice is stored in Triton's cache directory:
 or resumed run on the same GPU model takes the block sizes of the run before it, so it sums
 in the same order and gets the same bits (block sizes set the summation order: without the
 cache, two processes could tune differently). Delete the cache (TRITON_CACHE_DIR, default
-~/.triton/cache) to tune again. Under TRITON_INTERPRET=1 (CPU tests) autotune is skipped --
-it would time every config in the interpreter -- and one small block config runs, with every
-tile upcast to fp32.
+~/.triton/cache) to tune again. Once a key is tuned, its launches skip the autotuner's
+per-launch bookkeeping (`launch_kernel`). Under TRITON_INTERPRET=1 (CPU tests) autotune is
+skipped -- it would time every config in the interpreter -- and one small block config
+runs, with every tile upcast to fp32.
 
 Shapes: tok_R int32 [R], off_S int32 [E*K+1] (kernels/routing.py), W[e, k, n] any strides.
 """
