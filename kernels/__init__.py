@@ -196,8 +196,7 @@ def _moe_step(tokens, d_model, n_experts, expert_size, k, hidden_dropout, backen
     """One training `moe_mlp` forward+backward on random inputs of these shapes. The random
     number generators (the CPU's and the device's) are as they were after it: a run that
     compiles ahead draws the same dropout masks as one that does not, and a resumed run
-    the same as an uninterrupted one."""
-    device = torch.device(device)
+    the same as an uninterrupted one. `device`: a torch.device."""
     on = [device.index if device.index is not None else torch.cuda.current_device()] if (
         device.type == "cuda") else []
     with torch.random.fork_rng(devices=on):

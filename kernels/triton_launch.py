@@ -276,9 +276,8 @@ def launch_kernel(kernel, grid, *args, **consts) -> None:
     if config is None:
         kernel[grid](*args, **consts)
         # Autotuner.run's key (Triton 3.6, 3.7), not `best_config`, which another thread's
-        # launch may have set meanwhile; a single config is not cached there
-        config = (kernel.configs[0] if len(kernel.configs) == 1
-                  else kernel.cache.get((*values, *map(str, dtypes))))
+        # launch may have set meanwhile
+        config = kernel.cache.get((*values, *map(str, dtypes)))
         if config is not None and config.pre_hook is None:  # (these kernels' configs have none)
             _CHOSEN[kernel, values, dtypes] = config
         return

@@ -51,7 +51,7 @@ def _launch(s_TE: Tensor, idx_TK: Tensor) -> None:
     e_p2 = next_power_of_2(E)
     block_t = _block_t(e_p2)
     topk_kernel[(cdiv(T, block_t),)](s_TE, idx_TK, T, E, s_TE.stride(0), s_TE.stride(1),
-                                            K=idx_TK.shape[1], E_P2=e_p2, BLOCK_T=block_t)
+                                     K=idx_TK.shape[1], E_P2=e_p2, BLOCK_T=block_t)
 
 
 @torch.library.custom_op("sigma_moe::topk_ids", mutates_args=())
