@@ -224,19 +224,23 @@ def _autotune(configs, key, prune, **hooks):
                            **hooks, **_CACHE_RESULTS, **_DO_BENCH)
 
 
+# what each autotuner keys its choice on (Triton adds every tensor argument's dtype); also
+# how scripts/autotune_table.py names the values of the keys Triton records
+GATHER_KEY = ["N", "KD", "EPILOGUE", "PRECISION"]
+SCATTER_KEY = ["N", "KD", "HAS_SCALE", "ACCUMULATE", "PRECISION"]
+WGRAD_KEY = ["M", "N", "GATHER_A", "GATHER_B", "PRECISION"]
+
 if INTERPRET:
     _gather_mm, _scatter_mm, _wgrad = gather_mm_kernel, scatter_mm_kernel, wgrad_kernel
 else:
     # gpart has a row per 64 columns; a config with wider tiles writes fewer rows, so rows a
     # timing trial wrote would be summed into the gate gradient: zeroed before every run
-    _gather_mm = _autotune(MM_CONFIGS, ["N", "KD", "EPILOGUE", "PRECISION"], _prune_to_smem,
+    _gather_mm = _autotune(MM_CONFIGS, GATHER_KEY, _prune_to_smem,
                            reset_to_zero=["gpart_ptr"])(gather_mm_kernel)
     # the slot kernel reads what it writes: every timing trial must start from the same Y
-    _scatter_mm = _autotune(SCATTER_CONFIGS, ["N", "KD", "HAS_SCALE", "ACCUMULATE", "PRECISION"],
-                            _prune_to_smem,
+    _scatter_mm = _autotune(SCATTER_CONFIGS, SCATTER_KEY, _prune_to_smem,
                             restore_value=["y_ptr"])(scatter_mm_kernel)
-    _wgrad = _autotune(WGRAD_CONFIGS, ["M", "N", "GATHER_A", "GATHER_B", "PRECISION"],
-                       _prune_wgrad_to_smem)(wgrad_kernel)
+    _wgrad = _autotune(WGRAD_CONFIGS, WGRAD_KEY, _prune_wgrad_to_smem)(wgrad_kernel)
 
 
 _CHOSEN: dict = {}  # (tuner, key argument values, pointer dtypes) -> the config it chose

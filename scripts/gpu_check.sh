@@ -17,6 +17,8 @@
 #   ncu      hardware counters of the dense and the fused layer (Nsight Compute)
 #   sweep    the dmodel_g128 sweep and its figure (Fig. benchmark_es128)
 #   sweeps   not a default step: the paper's four other benchmark figures
+# After the steps, always: the autotune table (scripts/autotune_table.py), every config each
+# autotuner timed, per key (item 13 of benchmarks/gpu_h200.md reads it).
 # Each step has its own time limit, so one that hangs or fails leaves the others' results.
 # Output: OUT/gpu_check.log (every step's output) and each step's JSON (and figures).
 #
@@ -145,7 +147,7 @@ run train "${TRAIN_LIMIT:-120}" "$py" scripts/bench_train.py --reps 5 --profile 
 run ncu "${NCU_LIMIT:-120}" bash -c "command -v ncu >/dev/null || { echo 'no ncu here: skipped'; \
 exit 0; }; ncu --profile-from-start off --clock-control none --section SpeedOfLight \
 --section MemoryWorkloadAnalysis --section Occupancy --section WarpStateStats --section LaunchStats \
---metrics dram__bytes.sum,lts__t_bytes.sum --print-units base --csv --page raw \
+--metrics dram__bytes.sum,lts__t_bytes.sum,lts__throughput.avg.pct_of_peak_sustained_elapsed --print-units base --csv --page raw \
 --log-file '$res/ncu.csv' \
 $py scripts/profile_moe.py --backends ${fused[*]} --ncu \
 && $py scripts/ncu_table.py '$res/ncu.csv' --out '$res/ncu.json'"
@@ -156,6 +158,12 @@ run sweep "${SWEEP_LIMIT:-200}" "$py" scripts/bench_moe.py --no-target --sweeps 
 run sweeps "${SWEEPS_LIMIT:-300}" "$py" scripts/bench_moe.py --no-target --reps 10 \
   --sweeps dmodel_ne32 n_experts expert_size dmodel_f4096 --backends triton grouped_mm \
   --out "$res/moe_sweeps.json"
+# after the steps, whatever the budget left (no GPU work, a second or two): every config
+# each autotuner timed, per key, from the records Triton keeps in its cache folder
+echo "=== autotune table (scripts/autotune_table.py)" | tee -a "$log"
+timeout -k 2 20 "$py" scripts/autotune_table.py --out "$res/autotune.json" \
+  > >(tee -a "$log") 2>&1
+echo "=== autotune table: exit $?" | tee -a "$log"
 # a step's output reaches the log through a tee that bash does not wait for: give the last
 # one a moment, then pack the complete log
 sleep 1

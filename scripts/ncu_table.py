@@ -31,6 +31,8 @@ COLUMNS = [
     ("DRAM %", ("dram__throughput.avg.pct_of_peak_sustained_elapsed",
                 "gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed")),
     ("SM %", ("sm__throughput.avg.pct_of_peak_sustained_elapsed",)),
+    # L2 busy: a product kernel near its peak here waits on what its tiles load from L2
+    ("L2 %", ("lts__throughput.avg.pct_of_peak_sustained_elapsed",)),
     # bytes moved, read + written (the traffic each kernel's cost model predicts)
     ("DRAM MB", ("dram__bytes.sum",)),
     ("L2 MB", ("lts__t_bytes.sum",)),
@@ -129,7 +131,7 @@ def main(argv=None) -> list[dict]:
     except ValueError as err:
         sys.exit(f"error: {args.csv}: {err}")
     print(table(launches))
-    print("(stall columns: cycles per issued instruction; DRAM/SM %: of peak, elapsed)")
+    print("(stall columns: cycles per issued instruction; DRAM/SM/L2 %: of peak, elapsed)")
     if args.out:
         write_json(args.out, launches)
     return launches

@@ -12,11 +12,12 @@ NCU_CSV = '''==PROF== Connected to process 4242 (/usr/bin/python3)
 ==PROF== Profiling "scatter_mm_kernel" - 0: 0%....50%....100% - 38 passes
 "ID","Process ID","Kernel Name","Block Size","Grid Size","gpu__time_duration.sum",\
 "dram__throughput.avg.pct_of_peak_sustained_elapsed","launch__registers_per_thread",\
-"smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio","dram__bytes.sum"
-"","","","","","nsecond","%","register/thread","ratio","byte"
+"smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio","dram__bytes.sum",\
+"lts__throughput.avg.pct_of_peak_sustained_elapsed"
+"","","","","","nsecond","%","register/thread","ratio","byte","%"
 "0","4242","scatter_mm_kernel","(256, 1, 1)","(2104, 1, 1)","70,464","41.87","128","12.5",\
-"134,217,728"
-"1","4242","topk_kernel","(128, 1, 1)","(256, 1, 1)","3,072","",40,"1.25","2,097,152"
+"134,217,728","63.5"
+"1","4242","topk_kernel","(128, 1, 1)","(256, 1, 1)","3,072","",40,"1.25","2,097,152",""
 ==PROF== Disconnected from process 4242
 '''
 
@@ -40,11 +41,11 @@ def test_ncu_table_reads_the_raw_csv_among_ncu_log_lines(tmp_path, capsys):
     assert scatter["info"]["Block Size"] == "(256, 1, 1)"
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].split()[:4] == ["id", "kernel", "us", "DRAM"]
-    assert "DRAM MB" in lines[0] and "L2 MB" in lines[0]
+    assert "DRAM MB" in lines[0] and "L2 MB" in lines[0] and "L2 %" in lines[0]
     # no SM counter or L2 bytes collected: "-"; counts stay integers
-    assert lines[1].split()[:9] == ["0", "scatter_mm_kernel", "70.5", "41.9", "-", "134.2", "-",
-                                    "-", "-"]
-    assert lines[1].split()[9] == "128"
+    assert lines[1].split()[:10] == ["0", "scatter_mm_kernel", "70.5", "41.9", "-", "63.5",
+                                     "134.2", "-", "-", "-"]
+    assert lines[1].split()[10] == "128"
     assert lines[2].split()[:4] == ["1", "topk_kernel", "3.1", "-"]
     assert scatter["units"]["dram__bytes.sum"] == "MB"
     assert json.loads((tmp_path / "ncu.json").read_text())[1]["metrics"][
@@ -106,8 +107,9 @@ def test_gpu_check_runs_only_commands_its_scripts_accept(tmp_path, monkeypatch):
     for call in calls:
         if call[0].startswith("scripts/"):
             scripts.setdefault(Path(call[0]).stem, []).append(call[1:])
-    assert sorted(scripts) == ["bench_moe", "bench_products", "bench_scatter", "bench_train",
-                               "ncu_table", "profile_moe"]
+    assert sorted(scripts) == ["autotune_table", "bench_moe", "bench_products", "bench_scatter",
+                               "bench_train", "ncu_table", "profile_moe"]
+    assert calls[-1][0] == "scripts/autotune_table.py"  # after every step
     assert ["-m", "pytest"] == next(c for c in calls if c[0] == "-m")[:2]
     ncu_call = next(c for c in calls if c[0] == "ncu")
     assert {"--profile-from-start", "--csv"} <= set(ncu_call)
@@ -170,6 +172,70 @@ def test_gpu_check_packs_its_results_and_keeps_to_its_budget(tmp_path):
     assert sorted(p.name for p in out.iterdir()) == ["gpu_check.log", "gpu_check.tar.gz"]
     with tarfile.open(out / "gpu_check.tar.gz") as tar:
         names = {Path(n).name for n in tar.getnames()}
-    assert {"gpu_check.log", "scatter.json", "moe.json", "profile.json", "train.json"} <= names
+    assert {"gpu_check.log", "scatter.json", "moe.json", "profile.json", "train.json",
+            "autotune.json"} <= names
     said = _gpu_check(tmp_path, "bad", returncode=2, BUDGET="540s")
     assert said.strip() == "error: BUDGET=540s: a whole number of seconds"
+
+
+# Triton's own record of two tunings, written by its Autotuner.check_disk_cache (what a
+# tuning with cache_results writes on a GPU) through a stand-in CUDA driver for sm_90
+WRITE_AUTOTUNE_RECORDS = """
+from triton.backends.compiler import GPUTarget
+from triton.runtime.driver import driver
+
+class StandIn:
+    def get_current_device(self): return 0
+    def get_current_stream(self, device): return 0
+    def get_current_target(self): return GPUTarget("cuda", 90, 32)
+
+driver.set_active(StandIn())
+from kernels import triton_launch as L
+
+def record(tuner, key, ms):
+    configs = tuner.configs[:len(ms)]
+    def bench():
+        tuner.configs_timings = {c: [t, t * 0.9, t * 1.1] for c, t in zip(configs, ms)}
+    tuner.check_disk_cache(key, configs, bench)
+
+# MM_CONFIGS' first three: 128x128x64, 128x128x32, 128x64x64; the last did not fit
+record(L._gather_mm, (128, 1024, 1, "tf32", "torch.bfloat16", "torch.bfloat16"),
+       [0.120, 0.100, float("inf")])
+record(L._wgrad, (1024, 128, True, False, "tf32", "torch.bfloat16"), [0.004, 0.005])
+"""
+
+
+def test_autotune_table_reads_every_config_triton_timed(tmp_path, monkeypatch, capsys):
+    """scripts/autotune_table.py (run after gpu_check.sh's steps): reads the records
+    Triton itself writes, in its cache folder (TRITON_CACHE_DIR); per key, the configs
+    fastest first, in microseconds, with their ratio to the fastest and the tile's
+    operand traffic (1/BLOCK_M + 1/BLOCK_N, clamped to N = 128) relative to the least; a
+    config out of resources is "failed"; keys faster than --min-us only in the JSON; a
+    folder without records says so."""
+    from scripts import autotune_table
+    from tests.triton_helpers import need_hopper_toolchain, outside_interpreter
+
+    need_hopper_toolchain()  # (the record's cache key hashes the sm_90 backend: ptxas)
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "cache"))
+    outside_interpreter("-c", WRITE_AUTOTUNE_RECORDS)
+    records = autotune_table.main(["--min-us", "50", "--out", str(tmp_path / "tuned.json")])
+    gather, wgrad = sorted(records, key=lambda r: r["kernel"])
+    assert gather["kernel"] == "gather_mm_kernel"
+    assert gather["key"] == {"N": 128, "KD": 1024, "EPILOGUE": 1, "PRECISION": "tf32"}
+    assert gather["dtypes"] == ["torch.bfloat16"] * 2
+    tiles = [autotune_table._tile(c)[0] for c in gather["configs"]]
+    assert tiles == ["128x128x32", "128x128x64", "128x64x64"]  # fastest first
+    assert [c["us"][0] for c in gather["configs"][:2]] == pytest.approx([100.0, 120.0])
+    assert gather["configs"][1]["x_best"] == pytest.approx(1.2)
+    assert [c["operand_bytes_x"] for c in gather["configs"]] == pytest.approx([1, 1, 1.5])
+    assert wgrad["key"]["M"] == 1024 and wgrad["configs"][0]["num_stages"] == 7
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("gather_mm_kernel  N=128 KD=1024 EPILOGUE=1")
+    assert out[2].split() == ["128x128x32", "4", "4", "100.0", "1.00", "1.00"]
+    assert out[4].split() == ["128x64x64", "4", "4", "failed", "-", "1.50"]
+    assert "wgrad_kernel" not in "\n".join(out)  # its 4 us are under --min-us
+    assert "1 more key, whose fastest config took under 50 us" in out[5]
+    saved = json.loads((tmp_path / "tuned.json").read_text())
+    assert {r["kernel"] for r in saved} == {"gather_mm_kernel", "wgrad_kernel"}
+    with pytest.raises(SystemExit, match="no \\*.autotune.json under"):
+        autotune_table.main(["--cache-dir", str(tmp_path / "empty")])
