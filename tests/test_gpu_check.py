@@ -179,17 +179,8 @@ def test_gpu_check_packs_its_results_and_keeps_to_its_budget(tmp_path):
 
 
 # Triton's own record of two tunings, written by its Autotuner.check_disk_cache (what a
-# tuning with cache_results writes on a GPU) through a stand-in CUDA driver for sm_90
+# tuning with cache_results writes on a GPU); run after tests.triton_helpers.STAND_IN_DRIVER
 WRITE_AUTOTUNE_RECORDS = """
-from triton.backends.compiler import GPUTarget
-from triton.runtime.driver import driver
-
-class StandIn:
-    def get_current_device(self): return 0
-    def get_current_stream(self, device): return 0
-    def get_current_target(self): return GPUTarget("cuda", 90, 32)
-
-driver.set_active(StandIn())
 from kernels import triton_launch as L
 
 def record(tuner, key, ms):
@@ -213,11 +204,11 @@ def test_autotune_table_reads_every_config_triton_timed(tmp_path, monkeypatch, c
     config out of resources is "failed"; keys faster than --min-us only in the JSON; a
     folder without records says so."""
     from scripts import autotune_table
-    from tests.triton_helpers import need_hopper_toolchain, outside_interpreter
+    from tests.triton_helpers import STAND_IN_DRIVER, need_hopper_toolchain, outside_interpreter
 
     need_hopper_toolchain()  # (the record's cache key hashes the sm_90 backend: ptxas)
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "cache"))
-    outside_interpreter("-c", WRITE_AUTOTUNE_RECORDS)
+    outside_interpreter("-c", STAND_IN_DRIVER + WRITE_AUTOTUNE_RECORDS)
     records = autotune_table.main(["--min-us", "50", "--out", str(tmp_path / "tuned.json")])
     gather, wgrad = sorted(records, key=lambda r: r["kernel"])
     assert gather["kernel"] == "gather_mm_kernel"

@@ -7,7 +7,13 @@ import pytest
 import torch
 
 from kernels.testing import assert_close, compare, random_case, reference_case, run_case
-from tests.triton_helpers import CUDA, TRITON_MARKS, need_hopper_toolchain, outside_interpreter
+from tests.triton_helpers import (
+    CUDA,
+    STAND_IN_DRIVER,
+    TRITON_MARKS,
+    need_hopper_toolchain,
+    outside_interpreter,
+)
 
 pytestmark = TRITON_MARKS
 
@@ -119,17 +125,8 @@ def test_launch_kernel_goes_past_the_autotuner_once_it_chose(monkeypatch):
 
 # one forward+backward of the fused layer under `precompile`, in real Triton (outside the
 # interpreter) with a stand-in CUDA driver: it targets sm_90 and has nothing to launch with
-PRECOMPILE_LAYER = """
+PRECOMPILE_LAYER = STAND_IN_DRIVER + """
 import torch
-from triton.backends.compiler import GPUTarget
-from triton.runtime.driver import driver
-
-class StandIn:
-    def get_current_device(self): return 0
-    def get_current_stream(self, device): return 0
-    def get_current_target(self): return GPUTarget("cuda", 90, 32)
-
-driver.set_active(StandIn())
 import kernels.triton_launch as L
 from kernels import triton_ops
 from kernels.routing import make_routing

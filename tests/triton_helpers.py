@@ -33,6 +33,21 @@ def outside_interpreter(*args: str) -> str:
     return out.stdout
 
 
+# the head of a script for `outside_interpreter`: real Triton with a stand-in CUDA driver
+# that targets sm_90 (compiles go through ptxas) and has nothing to launch with
+STAND_IN_DRIVER = """
+from triton.backends.compiler import GPUTarget
+from triton.runtime.driver import driver
+
+class StandIn:
+    def get_current_device(self): return 0
+    def get_current_stream(self, device): return 0
+    def get_current_target(self): return GPUTarget("cuda", 90, 32)
+
+driver.set_active(StandIn())
+"""
+
+
 def need_hopper_toolchain() -> None:
     """Skip without ptxas or with a Triton older than kernels/triton_aot.py's compile API."""
     import triton
