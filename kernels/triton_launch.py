@@ -100,12 +100,16 @@ MM_CONFIGS = [
 # run 3 chose 64x256x64 / 8 / 2 with EARLY_Y, 70 us, at 176 registers a thread (ptxas,
 # `python -m kernels.triton_aot --all-configs --spills`): one block, 8 warps, an SM. 64x64x64
 # / 4 / 2 needs 96 (EARLY_Y) and 32 KB: five blocks, 20 warps, more output reads in flight.
+# The 256-wide tiles move the fewest bytes from L2 per product (gpu_h200.md item 13: an
+# accumulating slot's 64x128 tiles 346 MB, 128x256 250 MB); bf16 and fp16: 220-250
+# registers, no spills (with EARLY_Y 128x256 spills: left out); fp32 spills up to 1 KB.
 SCATTER_CONFIGS = [
     _cfg(128, 128, 32, 4, 4), _cfg(128, 128, 64, 8, 3, EARLY_Y=True),
     _cfg(64, 128, 64, 4, 2), _cfg(64, 128, 64, 4, 2, EARLY_Y=True),
     _cfg(128, 64, 64, 4, 2), _cfg(128, 64, 64, 4, 2, EARLY_Y=True),
     _cfg(128, 128, 64, 8, 2), _cfg(64, 256, 64, 8, 2, EARLY_Y=True),
     _cfg(64, 64, 64, 4, 2), _cfg(64, 64, 64, 4, 2, EARLY_Y=True),
+    _cfg(128, 256, 64, 8, 2), _cfg(256, 128, 64, 8, 2),
 ]
 # output tile (M x N of one expert's dW) x rows walked per step; larger tiles read fewer
 # bytes per product from L2 (H200, runs 1-3: 128 x 128 / 8 warps / 4 stages, ~105 us each,

@@ -1,7 +1,7 @@
 """Compile the autotune configs of the CVMM kernels (paper Eq. `cvmm`) in parallel, ahead.
 
 Triton's autotuner compiles each config of a launch the first time it times it, one after
-the other: one sigma-MoE layer's forward and backward make 72 of them (the gather's two
+the other: one sigma-MoE layer's forward and backward make 80 of them (the gather's two
 epilogues, four scatter variants, two weight gradients; the wave's come on top), at a
 quarter of a second to seconds each, and a benchmark's first steps spend minutes on that
 (on the H200 lease, minutes of 15).

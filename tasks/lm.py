@@ -149,7 +149,7 @@ class LMTask:
         """Compile the Triton kernels of the model's expert layers ahead, in parallel, at
         this process's micro-batch (ExpertsConfig.precompile: one dry run a distinct layer
         config, on random inputs; the model, its memory and its statistics are untouched).
-        Without it the first step's autotuning compiles them one by one (72 a layer
+        Without it the first step's autotuning compiles them one by one (80 a layer
         shape). -> what each dry run said."""
         tokens = self.cfg.batch_size // self.world_size // n_micro * self.cfg.context
         layers = dict.fromkeys(m.cfg for m in self.model.modules() if isinstance(m, ExpertsFFN))
