@@ -23,6 +23,13 @@ What each comparison answers (benchmarks/gpu_h200.md items 8 and 9):
   interleaved order says they came from DRAM, and the layer's wgrad should walk that order.
 - scatter: its time over bmm's is what the read-modify-write of the token rows costs.
 
+Beside each Triton variant: what its tiles move through L2 (`L2 MB`, the model of
+benchmarks/gpu_h200.md item 13 for the block sizes its autotuner chose: each tile loads a
+BLOCK_M-row slab of A and a BLOCK_N-column slab of W, and writes, or reads and writes, its
+outputs), that over its time (`L2 TB/s`), and against what a plain read of an L2-resident
+buffer reaches on the same GPU (`x probe`, the probe line first): near 1, the product waits
+on L2.
+
 Every rearranged variant is checked against the layer's launch first (a line `check
 <product>: ok` or FAIL; exit status 1 after the JSON if one is off by more than a change of
 summation order allows). Times are medians of CUDA-graph replays in interleaved rounds
@@ -38,6 +45,8 @@ import sys
 from pathlib import Path
 
 import torch
+import triton
+import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -65,6 +74,105 @@ LAYER, BMM = "layer", "bmm"  # every product's first and last variant
 # tolerance against the float64 reference (bf16: 4e-2, where one segment's rows left out
 # of a weight gradient can be a few per cent)
 REORDER_TOL = 1e-2
+# the probe: reads of a buffer that fits L2 (an H100's and H200's is 50 MB), repeated
+PROBE_MB, PROBE_REPS, PROBE_BLOCK, PROBE_STEPS = 16, 40, 1024, 8
+
+
+@triton.jit
+def l2_read_kernel(x_ptr, out_ptr, reps, BLOCK: tl.constexpr, STEPS: tl.constexpr):
+    """out[pid] = the sum, reps times over, of this program's STEPS x BLOCK elements of x,
+    read past L1 (.cg, as the products' cp.async copies are); each pass starts one block
+    further on, so no pass repeats the one before it load for load."""
+    pid = tl.program_id(0)
+    base = x_ptr + pid.to(tl.int64) * (STEPS * BLOCK)
+    acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    for r in range(reps):
+        for i in range(STEPS):
+            step = (i + r) % STEPS
+            acc += tl.load(base + step * BLOCK + tl.arange(0, BLOCK),
+                           cache_modifier=".cg").to(tl.float32)
+    tl.store(out_ptr + pid, tl.sum(acc, 0))
+
+
+def l2_probe(warmup: int, reps: int) -> float:
+    """TB/s of `l2_read_kernel` over a PROBE_MB bf16 buffer (CUDA-graph replays, median):
+    what the L2 serves to plain, coalesced reads on this GPU."""
+    per_program = PROBE_STEPS * PROBE_BLOCK
+    programs = (PROBE_MB << 20) // 2 // per_program
+    x = torch.randn(programs * per_program, device="cuda", dtype=torch.bfloat16)
+    out = torch.empty(programs, device="cuda", dtype=torch.float32)
+
+    def run():
+        l2_read_kernel[(programs,)](x, out, PROBE_REPS, BLOCK=PROBE_BLOCK, STEPS=PROBE_STEPS)
+
+    ms = statistics.median(graph_times({"probe": run}, warmup, reps)["probe"])
+    return x.numel() * x.element_size() * PROBE_REPS / ms / 1e9
+
+
+def chosen_blocks(tuner, key: dict) -> tuple[int, int]:
+    """(BLOCK_M, BLOCK_N) of the config `tuner` chose for launches with these key values
+    (the first of its cache's entries that match, whatever the dtypes); the interpreter's
+    blocks where there is no autotuner."""
+    from kernels.triton_launch import _INTERPRET_BLOCKS
+
+    blocks = _INTERPRET_BLOCKS
+    values = tuple(key[name] for name in getattr(tuner, "keys", ()))
+    for k, config in getattr(tuner, "cache", {}).items():
+        if k[:len(values)] == values:
+            blocks = config.kwargs
+            break
+    return blocks["BLOCK_M"], blocks["BLOCK_N"]
+
+
+def _tiles(lengths: list[int], block: int) -> int:
+    return sum(-(-n // block) for n in lengths)
+
+
+def l2_bytes(product: str, blocks: dict, seg_rows: list[int], D: int, G: int, E: int, K: int,
+             elem: int) -> int:
+    """Bytes the layer's launches of `product` move between L2 and the SMs (gpu_h200.md item
+    13): a tile loads the rows of A it covers (masked rows move nothing) over the whole
+    reduction, and its slab of W; writes its outputs; an accumulating slot also reads them.
+    blocks: launch kind -> (BLOCK_M, BLOCK_N) ("gather", "wgrad dW1", "wgrad dW2", "slot 0",
+    "slot k"); seg_rows: rows of each (expert, slot) segment, expert-major."""
+    cdiv = lambda a, b: -(-a // b)  # noqa: E731
+    R = sum(seg_rows)
+    if product == "gather fwd":  # x rows [R, D] @ W1[e] [D, G] -> h [R, G]
+        bm, bn = blocks["gather"]
+        return elem * (cdiv(G, bn) * R * D + _tiles(seg_rows, bm) * D * G + R * G)
+    if product.startswith("wgrad"):  # dW[e] [M, N] = sum over its rows of A[r]^T B[r]
+        M, N = (D, G) if product == "wgrad dW1" else (G, D)
+        bm, bn = blocks[product]
+        return elem * (R * M * cdiv(N, bn) + R * N * cdiv(M, bm) + E * M * N)
+    if product == "scatter fwd":  # per slot: gate*h rows [T, G] @ W2[e] [G, D] -> Y [T, D]
+        total = 0
+        for k in range(K):
+            bm, bn = blocks["slot 0" if k == 0 else "slot k"]
+            slot_rows = seg_rows[k::K]
+            T = sum(slot_rows)
+            total += (cdiv(D, bn) * T * G + _tiles(slot_rows, bm) * G * D
+                      + T * D * (1 if k == 0 else 2))
+        return elem * total
+    raise ValueError(f"no L2 model for {product!r}")
+
+
+def product_blocks(dtype: torch.dtype, D: int, G: int) -> dict:
+    """Launch kind -> the (BLOCK_M, BLOCK_N) its autotuner chose at this case."""
+    from kernels import triton_launch as L
+    from kernels.triton_launch import EPI_RELU
+
+    p = L._dot_args(dtype)["PRECISION"]
+    return {
+        "gather": chosen_blocks(L._gather_mm, dict(N=G, KD=D, EPILOGUE=EPI_RELU, PRECISION=p)),
+        "wgrad dW1": chosen_blocks(L._wgrad, dict(M=D, N=G, GATHER_A=True, GATHER_B=False,
+                                                  PRECISION=p)),
+        "wgrad dW2": chosen_blocks(L._wgrad, dict(M=G, N=D, GATHER_A=False, GATHER_B=True,
+                                                  PRECISION=p)),
+        "slot 0": chosen_blocks(L._scatter_mm, dict(N=D, KD=G, HAS_SCALE=True,
+                                                    ACCUMULATE=False, PRECISION=p)),
+        "slot k": chosen_blocks(L._scatter_mm, dict(N=D, KD=G, HAS_SCALE=True,
+                                                    ACCUMULATE=True, PRECISION=p)),
+    }
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -83,8 +191,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def products(args, device) -> dict[str, dict]:
-    """product -> variant -> fn: the layer's launch first, bmm last (see the docstring)."""
+def products(args, device) -> tuple[dict[str, dict], list[int]]:
+    """(product -> variant -> fn: the layer's launch first, bmm last (see the docstring);
+    the rows of each (expert, slot) segment of the layer's routing)."""
     from kernels.routing import make_routing
     from kernels.triton_launch import EPI_RELU, gather_mm, scatter_mm, wgrad
 
@@ -127,7 +236,7 @@ def products(args, device) -> dict[str, dict]:
                                                               False, True)
     out["wgrad dW1"][BMM] = lambda: torch.bmm(xb.transpose(1, 2), gpreb)
     out["wgrad dW2"][BMM] = lambda: torch.bmm(ghb.transpose(1, 2), dyb)
-    return out
+    return out, rt.off_S.diff().tolist()
 
 
 def check(prods: dict, dtype: torch.dtype) -> bool:
@@ -160,16 +269,26 @@ def main(argv=None) -> dict:
     flops = 2 * T * K * D * G  # every product here; bmm's: 2 * n * E * D * G
     print(f"{name}, {args.dtype}, T={T} D={D} E={E} G={G} K={K}: {flops / 1e9:.1f} GFLOP a "
           f"product")
-    prods = products(args, device)
+    prods, seg_rows = products(args, device)
     precompile(*(fn for fns in prods.values() for fn in fns.values()))
     ok = check(prods, dtype)  # before any timing, which also autotunes the layer's launches
     flat = {(p, v): fn for p, fns in prods.items() for v, fn in fns.items()}
     ms = (graph_times(flat, args.warmup, args.reps) if cuda
           else time_all(flat, device, args.warmup, args.reps))
+    probe = None
+    if cuda:  # a measurement beside the others: it must not cost them the run
+        try:
+            probe = l2_probe(args.warmup, args.reps)
+            print(f"L2 probe: {PROBE_MB} MB read {PROBE_REPS} times, {probe:.2f} TB/s")
+        except Exception as err:  # noqa: BLE001
+            print(f"L2 probe failed ({type(err).__name__}: {err})")
+    blocks = product_blocks(dtype, D, G)
     out = {**case_record(name, args), "timing": "cuda graph replays" if cuda else "eager",
-           "flops": flops, "results": []}
-    print(f"{'product':12} {'variant':20} {'ms':>8} {'TFLOP/s':>8} {'x layer':>8} {'x bmm':>7}")
+           "flops": flops, "l2_probe_tb_s": probe, "l2_blocks": blocks, "results": []}
+    print(f"{'product':12} {'variant':20} {'ms':>8} {'TFLOP/s':>8} {'x layer':>8} {'x bmm':>7} "
+          f"{'L2 MB':>7} {'L2 TB/s':>8} {'x probe':>8}")
     bmm_rows = (T * K // E) * E
+    elem = DTYPES[args.dtype].itemsize
     for (prod, variant), times in ms.items():
         f = flops if variant != BMM else 2 * bmm_rows * D * G
         row = {"product": prod, "variant": variant, "ms_all": times,
@@ -177,9 +296,16 @@ def main(argv=None) -> dict:
         row["tflop_s"] = f / row["ms"] / 1e9
         row["x_layer"], row["x_layer_quartiles"] = paired_ratio(times, ms[prod, LAYER])
         row["x_bmm"], row["x_bmm_quartiles"] = paired_ratio(times, ms[prod, BMM])
+        l2 = ""
+        if variant != BMM:  # the same launches on other rows: the same tiles, the same bytes
+            row["l2_mb"] = l2_bytes(prod, blocks, seg_rows, D, G, E, K, elem) / 1e6
+            row["l2_tb_s"] = row["l2_mb"] / row["ms"] / 1e6
+            row["x_probe"] = row["l2_tb_s"] / probe if probe else None
+            l2 = (f" {row['l2_mb']:7.0f} {row['l2_tb_s']:8.2f} "
+                  f"{'-' if probe is None else format(row['x_probe'], '.2f'):>8}")
         out["results"].append(row)
         print(f"{prod:12} {variant:20} {row['ms']:8.3f} {row['tflop_s']:8.1f} "
-              f"{row['x_layer']:8.3f} {row['x_bmm']:7.3f}")
+              f"{row['x_layer']:8.3f} {row['x_bmm']:7.3f}{l2}")
     out["autotuned"] = autotuned()
     write_json(args.out or ROOT / "runs" / "bench" / f"products_{device_slug(name)}.json", out)
     if not ok:
