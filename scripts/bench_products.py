@@ -109,19 +109,17 @@ def l2_probe(warmup: int, reps: int) -> float:
     return x.numel() * x.element_size() * PROBE_REPS / ms / 1e9
 
 
-def chosen_blocks(tuner, key: dict) -> tuple[int, int]:
+def chosen_blocks(tuner, key: dict) -> tuple[int, int] | None:
     """(BLOCK_M, BLOCK_N) of the config `tuner` chose for launches with these key values
-    (the first of its cache's entries that match, whatever the dtypes); the interpreter's
-    blocks where there is no autotuner."""
+    (the first of its cache's entries that match, whatever the dtypes), None if it chose
+    none; the interpreter's blocks where the kernel has no autotuner."""
     from kernels.triton_launch import _INTERPRET_BLOCKS
 
-    blocks = _INTERPRET_BLOCKS
-    values = tuple(key[name] for name in getattr(tuner, "keys", ()))
-    for k, config in getattr(tuner, "cache", {}).items():
-        if k[:len(values)] == values:
-            blocks = config.kwargs
-            break
-    return blocks["BLOCK_M"], blocks["BLOCK_N"]
+    if not hasattr(tuner, "cache"):
+        return _INTERPRET_BLOCKS["BLOCK_M"], _INTERPRET_BLOCKS["BLOCK_N"]
+    values = tuple(key[name] for name in tuner.keys)
+    return next(((c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"]) for k, c in tuner.cache.items()
+                 if k[:len(values)] == values), None)
 
 
 def _tiles(lengths: list[int], block: int) -> int:
@@ -129,31 +127,35 @@ def _tiles(lengths: list[int], block: int) -> int:
 
 
 def l2_bytes(product: str, blocks: dict, seg_rows: list[int], D: int, G: int, E: int, K: int,
-             elem: int) -> int:
+             elem: int) -> int | None:
     """Bytes the layer's launches of `product` move between L2 and the SMs (gpu_h200.md item
     13): a tile loads the rows of A it covers (masked rows move nothing) over the whole
     reduction, and its slab of W; writes its outputs; an accumulating slot also reads them.
-    blocks: launch kind -> (BLOCK_M, BLOCK_N) ("gather", "wgrad dW1", "wgrad dW2", "slot 0",
-    "slot k"); seg_rows: rows of each (expert, slot) segment, expert-major."""
+    blocks: launch kind -> (BLOCK_M, BLOCK_N) or None (not known: -> None) ("gather",
+    "wgrad dW1", "wgrad dW2", "slot 0", "slot k"); seg_rows: rows of each (expert, slot)
+    segment, expert-major."""
     cdiv = lambda a, b: -(-a // b)  # noqa: E731
     R = sum(seg_rows)
+    kinds = {"gather fwd": ["gather"], "scatter fwd": ["slot 0", "slot k"]}.get(product,
+                                                                                [product])
+    if any(blocks.get(kind) is None for kind in kinds):
+        return None
     if product == "gather fwd":  # x rows [R, D] @ W1[e] [D, G] -> h [R, G]
         bm, bn = blocks["gather"]
         return elem * (cdiv(G, bn) * R * D + _tiles(seg_rows, bm) * D * G + R * G)
-    if product.startswith("wgrad"):  # dW[e] [M, N] = sum over its rows of A[r]^T B[r]
+    if product in ("wgrad dW1", "wgrad dW2"):  # dW[e] [M, N] = sum of its rows' A^T B
         M, N = (D, G) if product == "wgrad dW1" else (G, D)
         bm, bn = blocks[product]
         return elem * (R * M * cdiv(N, bn) + R * N * cdiv(M, bm) + E * M * N)
-    if product == "scatter fwd":  # per slot: gate*h rows [T, G] @ W2[e] [G, D] -> Y [T, D]
-        total = 0
-        for k in range(K):
-            bm, bn = blocks["slot 0" if k == 0 else "slot k"]
-            slot_rows = seg_rows[k::K]
-            T = sum(slot_rows)
-            total += (cdiv(D, bn) * T * G + _tiles(slot_rows, bm) * G * D
-                      + T * D * (1 if k == 0 else 2))
-        return elem * total
-    raise ValueError(f"no L2 model for {product!r}")
+    # scatter fwd, per slot: gate*h rows [T, G] @ W2[e] [G, D] -> Y [T, D]
+    total = 0
+    for k in range(K):
+        bm, bn = blocks["slot 0" if k == 0 else "slot k"]
+        slot_rows = seg_rows[k::K]
+        T = sum(slot_rows)
+        total += (cdiv(D, bn) * T * G + _tiles(slot_rows, bm) * G * D
+                  + T * D * (1 if k == 0 else 2))
+    return elem * total
 
 
 def product_blocks(dtype: torch.dtype, D: int, G: int) -> dict:
@@ -297,8 +299,11 @@ def main(argv=None) -> dict:
         row["x_layer"], row["x_layer_quartiles"] = paired_ratio(times, ms[prod, LAYER])
         row["x_bmm"], row["x_bmm_quartiles"] = paired_ratio(times, ms[prod, BMM])
         l2 = ""
-        if variant != BMM:  # the same launches on other rows: the same tiles, the same bytes
-            row["l2_mb"] = l2_bytes(prod, blocks, seg_rows, D, G, E, K, elem) / 1e6
+        # the same launches on other rows: the same tiles, the same bytes (none where a
+        # tuner's choice was not found)
+        moved = l2_bytes(prod, blocks, seg_rows, D, G, E, K, elem) if variant != BMM else None
+        if moved is not None:
+            row["l2_mb"] = moved / 1e6
             row["l2_tb_s"] = row["l2_mb"] / row["ms"] / 1e6
             row["x_probe"] = row["l2_tb_s"] / probe if probe else None
             l2 = (f" {row['l2_mb']:7.0f} {row['l2_tb_s']:8.2f} "

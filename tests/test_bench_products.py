@@ -37,6 +37,15 @@ def test_bench_products_checks_the_rearranged_launches(tmp_path, monkeypatch, ca
     said = capsys.readouterr().out.splitlines()
     assert [ln.split(" (")[0] for ln in said if ln.startswith("check")] == [
         "check gather fwd: ok", "check wgrad dW1: ok", "check wgrad dW2: ok"]
+    # a product whose tuner's choice is not found gets no L2 column (the others keep theirs)
+    real_blocks = bench_products.product_blocks
+    monkeypatch.setattr(bench_products, "product_blocks",
+                        lambda *a: {**real_blocks(*a), "slot k": None})
+    bench_products.main(argv)
+    rows = {(r["product"], r["variant"]): r for r in json.loads(path.read_text())["results"]}
+    assert "l2_mb" not in rows["scatter fwd", "layer"] and "l2_mb" in rows["gather fwd", "layer"]
+    monkeypatch.undo()
+    capsys.readouterr()
     real = triton_launch.wgrad  # one that drops a chunk's rows
     monkeypatch.setattr(triton_launch, "wgrad", lambda a, b, tok, off, E, *f: real(
         a, b, tok, off if off.numel() - 1 == E * 2 else off.clamp(max=off[1]), E, *f))
@@ -103,8 +112,9 @@ def test_l2_model_counts_what_the_tiles_move():
 
 def test_chosen_blocks_reads_the_autotuners_choice():
     """The block sizes the L2 column uses: the config an autotuner's cache holds for the
-    key values (whatever the dtypes that follow them in its key); the interpreter's blocks
-    where the kernel has no autotuner."""
+    key values (whatever the dtypes that follow them in its key), None for a key it did not
+    tune (no L2 column then, rather than a model of the wrong tiles); the interpreter's
+    blocks where the kernel has no autotuner."""
     import triton
 
     from kernels.triton_launch import _INTERPRET_BLOCKS
@@ -117,9 +127,9 @@ def test_chosen_blocks_reads_the_autotuners_choice():
 
     assert chosen_blocks(Tuner(), {"N": 128, "KD": 32}) == (256, 128)
     assert chosen_blocks(Tuner(), {"N": 64, "KD": 32}) == (16, 64)
-    no_tuner = (_INTERPRET_BLOCKS["BLOCK_M"], _INTERPRET_BLOCKS["BLOCK_N"])
-    assert chosen_blocks(Tuner(), {"N": 1, "KD": 1}) == no_tuner
-    assert chosen_blocks(object(), {}) == no_tuner
+    assert chosen_blocks(Tuner(), {"N": 1, "KD": 1}) is None  # not tuned: no model
+    interpreter = (_INTERPRET_BLOCKS["BLOCK_M"], _INTERPRET_BLOCKS["BLOCK_N"])
+    assert chosen_blocks(object(), {}) == interpreter
 
 
 def test_l2_probe_kernel_sums_its_slice_reps_times():
