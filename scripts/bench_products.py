@@ -50,7 +50,9 @@ import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from kernels import triton_launch as L  # noqa: E402
 from kernels.testing import TOLERANCE, rel_err  # noqa: E402
+from kernels.triton_launch import _INTERPRET_BLOCKS, EPI_RELU, cdiv  # noqa: E402
 from scripts.bench_common import (  # noqa: E402
     DTYPES,
     ROOT,
@@ -113,8 +115,6 @@ def chosen_blocks(tuner, key: dict) -> tuple[int, int] | None:
     """(BLOCK_M, BLOCK_N) of the config `tuner` chose for launches with these key values
     (the first of its cache's entries that match, whatever the dtypes), None if it chose
     none; the interpreter's blocks where the kernel has no autotuner."""
-    from kernels.triton_launch import _INTERPRET_BLOCKS
-
     if not hasattr(tuner, "cache"):
         return _INTERPRET_BLOCKS["BLOCK_M"], _INTERPRET_BLOCKS["BLOCK_N"]
     values = tuple(key[name] for name in tuner.keys)
@@ -123,7 +123,7 @@ def chosen_blocks(tuner, key: dict) -> tuple[int, int] | None:
 
 
 def _tiles(lengths: list[int], block: int) -> int:
-    return sum(-(-n // block) for n in lengths)
+    return sum(cdiv(n, block) for n in lengths)
 
 
 def l2_bytes(product: str, blocks: dict, seg_rows: list[int], D: int, G: int, E: int, K: int,
@@ -134,7 +134,6 @@ def l2_bytes(product: str, blocks: dict, seg_rows: list[int], D: int, G: int, E:
     blocks: launch kind -> (BLOCK_M, BLOCK_N) or None (not known: -> None) ("gather",
     "wgrad dW1", "wgrad dW2", "slot 0", "slot k"); seg_rows: rows of each (expert, slot)
     segment, expert-major."""
-    cdiv = lambda a, b: -(-a // b)  # noqa: E731
     R = sum(seg_rows)
     kinds = {"gather fwd": ["gather"], "scatter fwd": ["slot 0", "slot k"]}.get(product,
                                                                                 [product])
@@ -160,9 +159,6 @@ def l2_bytes(product: str, blocks: dict, seg_rows: list[int], D: int, G: int, E:
 
 def product_blocks(dtype: torch.dtype, D: int, G: int) -> dict:
     """Launch kind -> the (BLOCK_M, BLOCK_N) its autotuner chose at this case."""
-    from kernels import triton_launch as L
-    from kernels.triton_launch import EPI_RELU
-
     p = L._dot_args(dtype)["PRECISION"]
     return {
         "gather": chosen_blocks(L._gather_mm, dict(N=G, KD=D, EPILOGUE=EPI_RELU, PRECISION=p)),
@@ -197,7 +193,9 @@ def products(args, device) -> tuple[dict[str, dict], list[int]]:
     """(product -> variant -> fn: the layer's launch first, bmm last (see the docstring);
     the rows of each (expert, slot) segment of the layer's routing)."""
     from kernels.routing import make_routing
-    from kernels.triton_launch import EPI_RELU, gather_mm, scatter_mm, wgrad
+
+    # looked up when called: a test swaps in a launcher of its own
+    from kernels.triton_launch import gather_mm, scatter_mm, wgrad
 
     T, D, E, G, K = args.tokens, args.d_model, args.n_experts, args.expert_size, args.k
     R, dtype = T * K, DTYPES[args.dtype]
@@ -290,7 +288,6 @@ def main(argv=None) -> dict:
     print(f"{'product':12} {'variant':20} {'ms':>8} {'TFLOP/s':>8} {'x layer':>8} {'x bmm':>7} "
           f"{'L2 MB':>7} {'L2 TB/s':>8} {'x probe':>8}")
     bmm_rows = (T * K // E) * E
-    elem = DTYPES[args.dtype].itemsize
     for (prod, variant), times in ms.items():
         f = flops if variant != BMM else 2 * bmm_rows * D * G
         row = {"product": prod, "variant": variant, "ms_all": times,
@@ -301,7 +298,8 @@ def main(argv=None) -> dict:
         l2 = ""
         # the same launches on other rows: the same tiles, the same bytes (none where a
         # tuner's choice was not found)
-        moved = l2_bytes(prod, blocks, seg_rows, D, G, E, K, elem) if variant != BMM else None
+        moved = (l2_bytes(prod, blocks, seg_rows, D, G, E, K, dtype.itemsize)
+                 if variant != BMM else None)
         if moved is not None:
             row["l2_mb"] = moved / 1e6
             row["l2_tb_s"] = row["l2_mb"] / row["ms"] / 1e6
