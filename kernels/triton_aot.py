@@ -177,11 +177,11 @@ def compile_table(groups: int, experts: int, capability: int = 90) -> dict:
             **ptxas_usage(ptx, capability)}
 
 
-KERNELS = ["gather_mm_kernel", "scatter_mm_kernel", "scatter_wave_kernel", "wgrad_kernel"]
-
-
 def main(argv=None) -> None:
     import argparse
+
+    from kernels import triton_launch as tl
+    from kernels import triton_wave  # noqa: F401 (registers its kernel in TUNED)
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("dtype", nargs="?", default="bf16",
@@ -192,7 +192,7 @@ def main(argv=None) -> None:
                    help="every autotune config (kernels/triton_launch.py), with the shared "
                         "memory that fitting_configs estimates for it (`estimate`) and "
                         "whether it fits an H100's 227 KB per block (`fits`)")
-    p.add_argument("--kernels", nargs="+", choices=KERNELS, default=KERNELS,
+    p.add_argument("--kernels", nargs="+", choices=list(tl.TUNED), default=list(tl.TUNED),
                    help="only these kernels (default: all)")
     p.add_argument("--spills", action="store_true",
                    help="add registers per thread and spilled bytes (runs ptxas -v on each)")
@@ -204,24 +204,17 @@ def main(argv=None) -> None:
     if not args.all_configs:
         launched = {}
         if args.dtype == "fp32-ieee":  # launched with its own configs only
-            from kernels.triton_launch import IEEE_CONFIGS
-
-            cfg = IEEE_CONFIGS[0]
+            cfg = tl.IEEE_CONFIGS[0]
             launched = dict(warps=cfg.num_warps, stages=cfg.num_stages, blocks=cfg.kwargs)
         for name in args.kernels:
             for report in compile_all(args.dtype, kernel=name, spills=args.spills, **launched):
                 print(json.dumps(report), flush=True)
         return
-    from kernels import triton_launch as tl
-    from kernels.triton_wave import WAVE_CONFIGS
-
-    autotuned = {"gather_mm_kernel": tl.MM_CONFIGS, "scatter_mm_kernel": tl.SCATTER_CONFIGS,
-                 "scatter_wave_kernel": WAVE_CONFIGS, "wgrad_kernel": tl.WGRAD_CONFIGS}
     elem = 4 if args.dtype.startswith("fp32") else 2
     # `fits`: whether the compiled kernel fits an H100; fitting_configs decides from `estimate`
     for name in args.kernels:
         wgrad = name == "wgrad_kernel"
-        configs = ([*autotuned[name], tl.SMALL_CONFIG]
+        configs = ([*tl.TUNED[name].configs, tl.SMALL_CONFIG]
                    if args.dtype != "fp32-ieee" else tl.IEEE_CONFIGS)
         for cfg in configs:
             for report in compile_all(args.dtype, warps=cfg.num_warps, stages=cfg.num_stages,

@@ -20,6 +20,7 @@ import contextlib
 import functools
 import inspect
 import os
+from typing import NamedTuple
 
 import torch
 import triton
@@ -221,30 +222,41 @@ _DO_BENCH = ({"do_bench": graph_bench}
              if "do_bench" in inspect.signature(triton.autotune).parameters else {})
 
 
-def _autotune(configs, key, prune, **hooks):
-    """triton.autotune over the configs that `prune` keeps for the device, timed by
-    `graph_bench`."""
-    return triton.autotune(configs, key=key, prune_configs_by={"early_config_prune": prune},
-                           **hooks, **_CACHE_RESULTS, **_DO_BENCH)
+class Tuned(NamedTuple):
+    """One autotuned kernel: its launcher (the autotuner; under the interpreter the kernel
+    itself), the configs it tries, and the arguments its choice is keyed on (Triton adds
+    every tensor argument's dtype to the key)."""
+    launcher: object
+    configs: list
+    key: list
 
 
-# what each autotuner keys its choice on (Triton adds every tensor argument's dtype); also
-# how scripts/autotune_table.py names the values of the keys Triton records
-GATHER_KEY = ["N", "KD", "EPILOGUE", "PRECISION"]
-SCATTER_KEY = ["N", "KD", "HAS_SCALE", "ACCUMULATE", "PRECISION"]
-WGRAD_KEY = ["M", "N", "GATHER_A", "GATHER_B", "PRECISION"]
+# every autotuned kernel by name (kernels/triton_wave.py adds its own): what
+# kernels/triton_aot.py compiles, scripts/autotune_table.py names and profile_moe.py reports
+TUNED: dict[str, Tuned] = {}
 
-if INTERPRET:
-    _gather_mm, _scatter_mm, _wgrad = gather_mm_kernel, scatter_mm_kernel, wgrad_kernel
-else:
-    # gpart has a row per 64 columns; a config with wider tiles writes fewer rows, so rows a
-    # timing trial wrote would be summed into the gate gradient: zeroed before every run
-    _gather_mm = _autotune(MM_CONFIGS, GATHER_KEY, _prune_to_smem,
-                           reset_to_zero=["gpart_ptr"])(gather_mm_kernel)
-    # the slot kernel reads what it writes: every timing trial must start from the same Y
-    _scatter_mm = _autotune(SCATTER_CONFIGS, SCATTER_KEY, _prune_to_smem,
-                            restore_value=["y_ptr"])(scatter_mm_kernel)
-    _wgrad = _autotune(WGRAD_CONFIGS, WGRAD_KEY, _prune_wgrad_to_smem)(wgrad_kernel)
+
+def _autotune(kernel, configs, key, prune, **hooks):
+    """`kernel` autotuned over the configs that `prune` keeps for the device, timed by
+    `graph_bench`, and registered in TUNED. Under the interpreter: the kernel itself (its
+    launchers pass `_blocks()`)."""
+    launcher = kernel if INTERPRET else triton.autotune(
+        configs, key=key, prune_configs_by={"early_config_prune": prune},
+        **hooks, **_CACHE_RESULTS, **_DO_BENCH)(kernel)
+    TUNED[kernel.fn.__name__] = Tuned(launcher, configs, key)
+    return launcher
+
+
+# gpart has a row per 64 columns; a config with wider tiles writes fewer rows, so rows a
+# timing trial wrote would be summed into the gate gradient: zeroed before every run
+_gather_mm = _autotune(gather_mm_kernel, MM_CONFIGS, ["N", "KD", "EPILOGUE", "PRECISION"],
+                       _prune_to_smem, reset_to_zero=["gpart_ptr"])
+# the slot kernel reads what it writes: every timing trial must start from the same Y
+_scatter_mm = _autotune(scatter_mm_kernel, SCATTER_CONFIGS,
+                        ["N", "KD", "HAS_SCALE", "ACCUMULATE", "PRECISION"], _prune_to_smem,
+                        restore_value=["y_ptr"])
+_wgrad = _autotune(wgrad_kernel, WGRAD_CONFIGS, ["M", "N", "GATHER_A", "GATHER_B", "PRECISION"],
+                   _prune_wgrad_to_smem)
 
 
 _CHOSEN: dict = {}  # (tuner, key argument values, pointer dtypes) -> the config it chose

@@ -180,14 +180,11 @@ def _prune_to_table(configs, named_args, **kwargs):
     return kept
 
 
-WAVE_KEY = ["N", "KD", "HAS_SCALE", "PRECISION"]  # (triton_launch.GATHER_KEY's comment)
-if INTERPRET:
-    _scatter_wave = scatter_wave_kernel
-else:
-    # every timing trial (and the run after them) starts from zeroed counters; a whole
-    # launch writes every row of Y (slot 0 does not read it), so Y needs no restoring
-    _scatter_wave = _autotune(WAVE_CONFIGS, WAVE_KEY, _prune_to_table,
-                              reset_to_zero=["sync_ptr"])(scatter_wave_kernel)
+# every timing trial (and the run after them) starts from zeroed counters; a whole launch
+# writes every row of Y (slot 0 does not read it), so Y needs no restoring
+_scatter_wave = _autotune(scatter_wave_kernel, WAVE_CONFIGS,
+                          ["N", "KD", "HAS_SCALE", "PRECISION"], _prune_to_table,
+                          reset_to_zero=["sync_ptr"])
 
 # tokens per block: the Y rows of one diagonal (K blocks) should stay well inside L2
 L2_BUDGET_BYTES = 32 << 20  # of an H100's 50 MB

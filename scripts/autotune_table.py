@@ -30,14 +30,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kernels.triton_launch import GATHER_KEY, SCATTER_KEY, WGRAD_KEY  # noqa: E402
-from kernels.triton_wave import WAVE_KEY  # noqa: E402
+from kernels import triton_wave  # noqa: E402, F401 (registers its kernel in TUNED)
+from kernels.triton_launch import TUNED  # noqa: E402
 from scripts.bench_common import write_json  # noqa: E402
 
-# each tuned kernel's key names (its values come first in Triton's key, then one dtype per
-# tensor argument)
-KEYS = {"gather_mm_kernel": GATHER_KEY, "scatter_mm_kernel": SCATTER_KEY,
-        "wgrad_kernel": WGRAD_KEY, "scatter_wave_kernel": WAVE_KEY}
 TILE = ("BLOCK_M", "BLOCK_N", "BLOCK_K")
 
 
@@ -67,7 +63,8 @@ def read_record(path: Path) -> dict:
     infinite: out of resources) keeps x_best = inf."""
     raw = json.loads(path.read_text())
     kernel = path.name.removesuffix(".autotune.json")
-    names = KEYS.get(kernel, ())
+    # the key names (their values come first in Triton's key, then one dtype per tensor)
+    names = TUNED[kernel].key if kernel in TUNED else ()
     values = list(raw["key"])
     key = dict(zip(names, values))
     configs = [{**cfg, "us": [t * 1e3 for t in timing]} for cfg, timing in raw["configs_timings"]]

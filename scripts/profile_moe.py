@@ -70,17 +70,15 @@ def host_and_graph_ms(layer_name: str, fn, reps: int) -> dict[str, float | None]
 
 
 def autotuned() -> dict[str, dict[str, str]]:
-    """The block sizes each Triton autotuner chose, by its key (shapes, dtypes, variant)."""
+    """The block sizes each Triton autotuner chose, by kernel and key (shapes, dtypes,
+    variant)."""
     try:
-        from kernels import triton_launch, triton_wave
+        from kernels import triton_wave  # noqa: F401 (registers its kernel in TUNED)
+        from kernels.triton_launch import TUNED
     except ImportError:
         return {}
-    out = {}
-    for module, name in ((triton_launch, "_gather_mm"), (triton_launch, "_scatter_mm"),
-                         (triton_launch, "_wgrad"), (triton_wave, "_scatter_wave")):
-        tuner = getattr(module, name)
-        out[name] = {str(k): str(v) for k, v in getattr(tuner, "cache", {}).items()}
-    return out
+    return {name: {str(k): str(v) for k, v in getattr(tuned.launcher, "cache", {}).items()}
+            for name, tuned in TUNED.items()}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
