@@ -31,6 +31,7 @@ from scripts.bench_common import (  # noqa: E402
     DTYPES,
     ROOT,
     add_case_args,
+    case_record,
     check_k,
     device_slug,
     graph_times,
@@ -110,9 +111,7 @@ def main(argv=None) -> dict:
     layers = make_layers(c, args.tokens, args.k, "cuda", DTYPES[args.dtype], args.backends)
     precompile(*(fn for layer, fn in layers.items() if layer.startswith("triton")))
     name = torch.cuda.get_device_name()
-    out = {"device": name, "torch": torch.__version__, "dtype": args.dtype, "case": c,
-           "tokens": args.tokens, "k": args.k,
-           "layers": {}}
+    out = {**case_record(name, args), "d_ff": c["d_ff"], "layers": {}}
     for layer, fn in layers.items():
         for _ in range(args.warmup):  # autotuning and compiles stay out of the profile
             fn()
