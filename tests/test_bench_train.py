@@ -89,4 +89,3 @@ def test_the_wt_big_step_target_is_judged_on_a_gpu(tmp_path, monkeypatch, capsys
         assert "target" not in out["results"]["wt_small"]
         assert f"wt_big     target: sigma-MoE step <= 0.6x dense: {verdict}" in \
             capsys.readouterr().out
-
