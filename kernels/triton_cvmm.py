@@ -181,6 +181,64 @@ def _tile_to_tokens(tok_ptr, y_ptr, row0, row_end, pid_n, N, stride_ym, stride_y
     return rows, row_ok, cols, col_ok, y_ptrs, row_ok[:, None] & col_ok[None, :]
 
 
+@triton.jit
+def _scatter_row_tile(
+    a_ptr, w_ptr, y_ptr, tok_ptr, scale_ptr, order_ptr, e, row0, row_end, tile_n0, N, KD,
+    stride_am, stride_ak, stride_we, stride_wk, stride_wn, stride_ym, stride_yn,
+    HAS_SCALE: tl.constexpr, ACCUMULATE: tl.constexpr, DOT_F32: tl.constexpr,
+    PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr, N_TILES: tl.constexpr, EARLY_Y: tl.constexpr,
+):
+    """`scatter_mm_kernel`'s column tiles tile_n0 .. tile_n0 + N_TILES - 1 of one row tile,
+    in a loop: the whole reduction (KD <= BLOCK_K) in one A tile loaded once. EARLY_Y: read
+    the next tile's earlier sums while this one's product runs (the pipeliner fetches only
+    the W tiles ahead: a load that feeds a product)."""
+    rows = row0 + tl.arange(0, BLOCK_M)
+    row_ok = rows < row_end
+    ks = tl.arange(0, BLOCK_K)
+    k_ok = ks < KD
+    a = tl.load(a_ptr + rows.to(tl.int64)[:, None] * stride_am + ks[None, :] * stride_ak,
+                mask=row_ok[:, None] & k_ok[None, :], other=0.0)  # [BLOCK_M, BLOCK_K]
+    if DOT_F32:
+        a = a.to(tl.float32)
+    if HAS_SCALE:
+        flat = tl.load(order_ptr + rows, mask=row_ok, other=0)
+        scale = tl.load(scale_ptr + flat, mask=row_ok, other=0.0).to(tl.float32)
+    out_rows = tl.load(tok_ptr + rows, mask=row_ok, other=0).to(tl.int64)
+    w_ptrs = (w_ptr + e.to(tl.int64) * stride_we + ks[:, None] * stride_wk
+              + (tile_n0 * BLOCK_N + tl.arange(0, BLOCK_N))[None, :] * stride_wn)
+    cols = tile_n0 * BLOCK_N + tl.arange(0, BLOCK_N)
+    y_ptrs = y_ptr + out_rows[:, None] * stride_ym + cols[None, :] * stride_yn
+    if ACCUMULATE and EARLY_Y:
+        y_next = tl.load(y_ptrs, mask=row_ok[:, None] & (cols < N)[None, :], other=0.0)
+    for j in range(0, N_TILES):
+        col_ok = cols < N
+        mask = row_ok[:, None] & col_ok[None, :]
+        w = tl.load(w_ptrs, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
+        if DOT_F32:
+            w = w.to(tl.float32)
+        if ACCUMULATE:
+            if EARLY_Y:
+                y_old = y_next
+                ahead = (cols + BLOCK_N < N) & (j + 1 < N_TILES)
+                y_next = tl.load(y_ptrs + BLOCK_N * stride_yn,
+                                 mask=row_ok[:, None] & ahead[None, :], other=0.0)
+            else:
+                y_old = tl.load(y_ptrs, mask=mask, other=0.0)
+        acc = tl.dot(a, w, input_precision=PRECISION)
+        if ACCUMULATE:
+            if HAS_SCALE:  # one rounding, as in scatter_mm_kernel
+                acc = tl.fma(acc, scale[:, None], y_old.to(tl.float32))
+            else:
+                acc += y_old.to(tl.float32)
+        elif HAS_SCALE:
+            acc = acc * scale[:, None]
+        tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=mask)
+        cols += BLOCK_N
+        w_ptrs += BLOCK_N * stride_wn
+        y_ptrs += BLOCK_N * stride_yn
+
+
 # `slot` unspecialised: Triton would compile slot 1 (== 1) as a variant of its own beside
 # slots 2.., 20 compiles more for the 10 configs of the two scatters
 @triton.jit(do_not_specialize=["slot"])
@@ -191,19 +249,31 @@ def scatter_mm_kernel(
     HAS_SCALE: tl.constexpr, ACCUMULATE: tl.constexpr, DOT_F32: tl.constexpr,
     PRECISION: tl.constexpr, SEG_P2: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    EARLY_Y: tl.constexpr = False,
+    EARLY_Y: tl.constexpr = False, N_TILES: tl.constexpr = 1,
 ):
     """Y[tok[r], :] (+)= scale[order[r]] * (A[r, :] @ W[e_r]) for the rows r of one slot.
 
-    EARLY_Y (an autotuned choice): read the earlier slots' sums before the product, so the
-    read overlaps it, at the cost of registers (fewer programs per SM)."""
+    EARLY_Y (an autotuned choice): read the earlier slots' sums before the product (in the
+    column loop: one tile ahead), so the read overlaps it, at the cost of registers (fewer
+    programs per SM).
+    N_TILES > 1 (autotuned; only where KD <= BLOCK_K): one program walks N_TILES column
+    tiles of its rows in a loop, with the A rows loaded once. The reduction is short (G,
+    1-2 steps of BLOCK_K), so a one-tile program is load, product, read-add-write in
+    series; in the loop the pipeliner fetches the next tile's W while this one's sums are
+    read and written."""
     pid = tl.program_id(0)
-    n_tiles_n = tl.cdiv(N, BLOCK_N)
+    n_tiles_n = tl.cdiv(tl.cdiv(N, BLOCK_N), N_TILES)  # column tiles (of N_TILES) per row tile
     pid_n = pid % n_tiles_n
     pid_m = pid // n_tiles_n
     e, row0, row_end = _segment_tile(pid_m, off_ptr, n_exp, n_slots, slot, slot % 2,
                                      BLOCK_M, SEG_P2)
     if e >= n_exp:
+        return
+    if N_TILES > 1:
+        _scatter_row_tile(a_ptr, w_ptr, y_ptr, tok_ptr, scale_ptr, order_ptr, e, row0,
+                          row_end, pid_n * N_TILES, N, KD, stride_am, stride_ak, stride_we,
+                          stride_wk, stride_wn, stride_ym, stride_yn, HAS_SCALE, ACCUMULATE,
+                          DOT_F32, PRECISION, BLOCK_M, BLOCK_N, BLOCK_K, N_TILES, EARLY_Y)
         return
     rows, row_ok, cols, col_ok, y_ptrs, mask = _tile_to_tokens(
         tok_ptr, y_ptr, row0, row_end, pid_n, N, stride_ym, stride_yn, BLOCK_M, BLOCK_N)
@@ -216,12 +286,18 @@ def scatter_mm_kernel(
     acc = _rows_times_expert(a_ptr, w_ptr, rows.to(tl.int64), row_ok, cols, col_ok, e, KD,
                              stride_am, stride_ak, stride_we, stride_wk, stride_wn,
                              DOT_F32, PRECISION, BLOCK_M, BLOCK_N, BLOCK_K)
-    if HAS_SCALE:
-        acc = acc * scale[:, None]
     if ACCUMULATE:
         if not EARLY_Y:
             y_old = tl.load(y_ptrs, mask=mask, other=0.0)
-        acc += y_old.to(tl.float32)
+        if HAS_SCALE:
+            # scale * product + the earlier sums with one rounding, written out: the compiler
+            # fuses a multiply and an add only where both sit in one basic block, and every
+            # scatter (the column loop, kernels/triton_wave.py) must get the same bits
+            acc = tl.fma(acc, scale[:, None], y_old.to(tl.float32))
+        else:
+            acc += y_old.to(tl.float32)
+    elif HAS_SCALE:
+        acc = acc * scale[:, None]
     tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=mask)
 
 

@@ -111,6 +111,17 @@ SCATTER_CONFIGS = [
     _cfg(128, 128, 64, 8, 2), _cfg(64, 256, 64, 8, 2, EARLY_Y=True),
     _cfg(64, 64, 64, 4, 2), _cfg(64, 64, 64, 4, 2, EARLY_Y=True),
     _cfg(128, 256, 64, 8, 2), _cfg(256, 128, 64, 8, 2),
+    # N_TILES column tiles per program, the whole reduction in one A tile (KD <= BLOCK_K:
+    # G <= 128), the next W tile fetched while this one's sums are read and written, and
+    # with EARLY_Y the next tile's sums too (run 4, H200: the one-tile programs above ran
+    # slot 0, a plain product, at 168 TFLOP/s, 0.45x cuBLAS's bmm of the same FLOPs).
+    # bf16, sm_90: 75-129 registers without the gate scale, 112-246 with it, no spills
+    _cfg(64, 128, 128, 4, 3, N_TILES=4), _cfg(64, 128, 128, 4, 3, N_TILES=8, EARLY_Y=True),
+    _cfg(64, 128, 128, 8, 3, N_TILES=8, EARLY_Y=True), _cfg(128, 128, 128, 8, 3, N_TILES=4),
+    _cfg(128, 64, 128, 4, 3, N_TILES=8), _cfg(64, 64, 128, 4, 3, N_TILES=8),
+    _cfg(64, 64, 128, 4, 3, N_TILES=8, EARLY_Y=True),
+    _cfg(64, 64, 128, 4, 2, N_TILES=8, EARLY_Y=True),
+    _cfg(64, 64, 128, 4, 3, N_TILES=16, EARLY_Y=True),
 ]
 # output tile (M x N of one expert's dW) x rows walked per step; larger tiles read fewer
 # bytes per product from L2 (H200, runs 1-3: 128 x 128 / 8 warps / 4 stages, ~105 us each,
@@ -144,9 +155,13 @@ def smem_bytes(cfg: triton.Config, elem_bytes: int, wgrad: bool = False) -> int:
     """Shared memory of a config. Gather/scatter kernels: num_stages buffers of an A tile
     (M x K) and a W tile (K x N) in the input dtype. The wgrad kernel: (num_stages + 1) // 2
     (at least 2) such buffers and one fewer of its rows' int32 token ids (WGRAD_CONFIGS).
-    Exact on sm_90 (wgrad with 2 stages: an upper bound); tests compare both with compiled
+    Exact on sm_90 (wgrad with 2 stages, and the scatter's N_TILES loop -- num_stages W
+    and output tiles, one A tile -- upper bounds); tests compare them with compiled
     kernels (`python -m kernels.triton_aot --all-configs`)."""
     k = cfg.kwargs
+    if k.get("N_TILES", 1) > 1:  # scatter_mm_kernel's column loop: an upper bound (sm_90)
+        return (cfg.num_stages * (k["BLOCK_K"] + k["BLOCK_M"]) * k["BLOCK_N"]
+                + k["BLOCK_M"] * k["BLOCK_K"]) * elem_bytes
     tiles = (k["BLOCK_M"] + k["BLOCK_N"]) * k["BLOCK_K"] * elem_bytes
     if not wgrad:
         return cfg.num_stages * tiles
@@ -176,6 +191,9 @@ def _prune_to_smem(configs, named_args, wgrad=False, **kwargs):
     a = named_args["a_ptr"]
     if kwargs.get("DOT_F32") and kwargs.get("PRECISION") == "ieee":
         configs = IEEE_CONFIGS
+    # the scatter's column loop holds the whole reduction in one tile
+    configs = [c for c in configs
+               if c.kwargs.get("N_TILES", 1) == 1 or named_args["KD"] <= c.kwargs["BLOCK_K"]]
     fitting = fitting_configs(configs, max_shared_mem(a.device.index), a.element_size(), wgrad)
     return fitting if AUTOTUNE else fitting[:1]
 
@@ -304,6 +322,11 @@ def launch_kernel(kernel, grid, *args, **consts) -> None:
     kernel.fn.run(*args, grid=grid, warmup=False, **consts, **config.all_kwargs())
 
 
+# more block sizes of the scatter under the interpreter (the tests of its column loop set
+# N_TILES and a BLOCK_K that holds the whole reduction)
+INTERPRET_SCATTER: dict = {}
+
+
 def _blocks(**interpret_only) -> dict:
     """The block sizes under the interpreter (on a GPU the autotuner sets them)."""
     return {**_INTERPRET_BLOCKS, **interpret_only} if INTERPRET else {}
@@ -399,7 +422,8 @@ def scatter_mm(a_RK, w_EKN, tok_R, off_S, n_tokens, scale=None, order_R=None):
     K = _n_slots(off_S, E)
     y = torch.empty(n_tokens, N, dtype=a_RK.dtype, device=a_RK.device)
     grid = lambda META: (  # noqa: E731
-        (cdiv(n_tokens, META["BLOCK_M"]) + E) * cdiv(N, META["BLOCK_N"]),)
+        (cdiv(n_tokens, META["BLOCK_M"]) + E)
+        * cdiv(cdiv(N, META["BLOCK_N"]), META.get("N_TILES", 1)),)
     for slot in range(K):
         launch_kernel(
             _scatter_mm, grid,
@@ -409,7 +433,7 @@ def scatter_mm(a_RK, w_EKN, tok_R, off_S, n_tokens, scale=None, order_R=None):
             a_RK.stride(0), a_RK.stride(1), *w_EKN.stride(), y.stride(0), y.stride(1),
             HAS_SCALE=scale is not None, ACCUMULATE=slot > 0, SEG_P2=_seg_p2(E),
             # the interpreter runs both ways of reading the earlier sums (odd / even slots)
-            **_dot_args(a_RK.dtype), **_blocks(EARLY_Y=slot % 2 == 1),
+            **_dot_args(a_RK.dtype), **_blocks(EARLY_Y=slot % 2 == 1, **INTERPRET_SCATTER),
         )
     return y
 

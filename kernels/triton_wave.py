@@ -117,6 +117,13 @@ def wave_table_kernel(tok_ptr, off_ptr, tab_ptr, need_ptr, sync_ptr, n_exp, n_sl
 
 
 @triton.jit
+def _row_scale(scale_ptr, order_ptr, rows, row_ok):
+    """scale[order[r]] of the tile's rows, fp32."""
+    flat = tl.load(order_ptr + rows, mask=row_ok, other=0)
+    return tl.load(scale_ptr + flat, mask=row_ok, other=0.0).to(tl.float32)
+
+
+@triton.jit
 def scatter_wave_kernel(
     a_ptr, w_ptr, y_ptr, tok_ptr, tab_ptr, need_ptr, sync_ptr, scale_ptr, order_ptr,
     n_slots, n_grp, N, KD,
@@ -144,9 +151,6 @@ def scatter_wave_kernel(
     acc = _rows_times_expert(a_ptr, w_ptr, rows.to(tl.int64), row_ok, cols, col_ok, e, KD,
                              stride_am, stride_ak, stride_we, stride_wk, stride_wn,
                              DOT_F32, PRECISION, BLOCK_M, BLOCK_N, BLOCK_K)
-    if HAS_SCALE:
-        flat = tl.load(order_ptr + rows, mask=row_ok, other=0)
-        acc *= tl.load(scale_ptr + flat, mask=row_ok, other=0.0).to(tl.float32)[:, None]
     if g % n_slots > 0:  # the product is done: now wait for the block's previous slot
         need = tl.load(need_ptr + g) * n_tiles_n
         done = tl.atomic_add(sync_ptr + g, 0, sem="acquire")  # sync[1 + (g - 1)]
@@ -156,7 +160,16 @@ def scatter_wave_kernel(
         else:
             tl.atomic_add(sync_ptr + n_grp + 1, (done < need).to(tl.int32))
         # .cg: past this SM's L1, which may hold these rows from before the other tile wrote
-        acc += tl.load(y_ptrs, mask=mask, other=0.0, cache_modifier=".cg").to(tl.float32)
+        y_old = tl.load(y_ptrs, mask=mask, other=0.0, cache_modifier=".cg").to(tl.float32)
+        # one rounding, as scatter_mm_kernel's (run 4: a multiply before the wait and the add
+        # after it, in another basic block, left 1-ulp differences in bf16); the scale is read
+        # here, not kept across the wait (fp32 without TF32: spills)
+        if HAS_SCALE:
+            acc = tl.fma(acc, _row_scale(scale_ptr, order_ptr, rows, row_ok)[:, None], y_old)
+        else:
+            acc += y_old
+    elif HAS_SCALE:
+        acc = acc * _row_scale(scale_ptr, order_ptr, rows, row_ok)[:, None]
     tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=mask)
     tl.debug_barrier()  # every thread's stores happen before the release
     tl.atomic_add(sync_ptr + 1 + g, 1, sem="release")

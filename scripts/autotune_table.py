@@ -49,10 +49,11 @@ def default_cache_dir() -> Path:
 
 def _operand_cost(config: dict, key: dict) -> float:
     """1/BLOCK_M + 1/BLOCK_N, each block clamped to its dimension where the key has it (a
-    256-wide tile of a 128-wide product reuses nothing more than a 128-wide one)."""
+    256-wide tile of a 128-wide product reuses nothing more than a 128-wide one). A scatter
+    program that walks N_TILES column tiles loads its A rows once for all of them."""
     kw = config["kwargs"]
     m = min(kw["BLOCK_M"], key.get("M", math.inf))
-    n = min(kw["BLOCK_N"], key.get("N", math.inf))
+    n = min(kw["BLOCK_N"] * kw.get("N_TILES", 1), key.get("N", math.inf))
     return 1 / m + 1 / n
 
 

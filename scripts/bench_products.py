@@ -111,15 +111,16 @@ def l2_probe(warmup: int, reps: int) -> float:
     return x.numel() * x.element_size() * PROBE_REPS / ms / 1e9
 
 
-def chosen_blocks(tuner, key: dict) -> tuple[int, int] | None:
-    """(BLOCK_M, BLOCK_N) of the config `tuner` chose for launches with these key values
-    (the first of its cache's entries that match, whatever the dtypes), None if it chose
-    none; the interpreter's blocks where the kernel has no autotuner."""
+def chosen_blocks(tuner, key: dict) -> tuple[int, int, int] | None:
+    """(BLOCK_M, BLOCK_N, N_TILES: the column tiles a program walks, 1 but for the scatter's
+    column loop) of the config `tuner` chose for launches with these key values (the first
+    of its cache's entries that match, whatever the dtypes), None if it chose none; the
+    interpreter's blocks where the kernel has no autotuner."""
     if not hasattr(tuner, "cache"):
-        return _INTERPRET_BLOCKS["BLOCK_M"], _INTERPRET_BLOCKS["BLOCK_N"]
+        return _INTERPRET_BLOCKS["BLOCK_M"], _INTERPRET_BLOCKS["BLOCK_N"], 1
     values = tuple(key[name] for name in tuner.keys)
-    return next(((c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"]) for k, c in tuner.cache.items()
-                 if k[:len(values)] == values), None)
+    return next(((c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.kwargs.get("N_TILES", 1))
+                 for k, c in tuner.cache.items() if k[:len(values)] == values), None)
 
 
 def _tiles(lengths: list[int], block: int) -> int:
@@ -130,8 +131,9 @@ def l2_bytes(product: str, blocks: dict, seg_rows: list[int], D: int, G: int, E:
              elem: int) -> int | None:
     """Bytes the layer's launches of `product` move between L2 and the SMs (gpu_h200.md item
     13): a tile loads the rows of A it covers (masked rows move nothing) over the whole
-    reduction, and its slab of W; writes its outputs; an accumulating slot also reads them.
-    blocks: launch kind -> (BLOCK_M, BLOCK_N) or None (not known: -> None) ("gather",
+    reduction, and its slab of W; writes its outputs; an accumulating slot also reads them;
+    a scatter program that walks N_TILES column tiles loads its A rows once.
+    blocks: launch kind -> (BLOCK_M, BLOCK_N, N_TILES) or None (not known: -> None) ("gather",
     "wgrad dW1", "wgrad dW2", "slot 0", "slot k"); seg_rows: rows of each (expert, slot)
     segment, expert-major."""
     R = sum(seg_rows)
@@ -140,25 +142,25 @@ def l2_bytes(product: str, blocks: dict, seg_rows: list[int], D: int, G: int, E:
     if any(blocks.get(kind) is None for kind in kinds):
         return None
     if product == "gather fwd":  # x rows [R, D] @ W1[e] [D, G] -> h [R, G]
-        bm, bn = blocks["gather"]
+        bm, bn, _ = blocks["gather"]
         return elem * (cdiv(G, bn) * R * D + _tiles(seg_rows, bm) * D * G + R * G)
     if product in ("wgrad dW1", "wgrad dW2"):  # dW[e] [M, N] = sum of its rows' A^T B
         M, N = (D, G) if product == "wgrad dW1" else (G, D)
-        bm, bn = blocks[product]
+        bm, bn, _ = blocks[product]
         return elem * (R * M * cdiv(N, bn) + R * N * cdiv(M, bm) + E * M * N)
     # scatter fwd, per slot: gate*h rows [T, G] @ W2[e] [G, D] -> Y [T, D]
     total = 0
     for k in range(K):
-        bm, bn = blocks["slot 0" if k == 0 else "slot k"]
+        bm, bn, nt = blocks["slot 0" if k == 0 else "slot k"]
         slot_rows = seg_rows[k::K]
         T = sum(slot_rows)
-        total += (cdiv(D, bn) * T * G + _tiles(slot_rows, bm) * G * D
+        total += (cdiv(cdiv(D, bn), nt) * T * G + _tiles(slot_rows, bm) * G * D
                   + T * D * (1 if k == 0 else 2))
     return elem * total
 
 
 def product_blocks(dtype: torch.dtype, D: int, G: int) -> dict:
-    """Launch kind -> the (BLOCK_M, BLOCK_N) its autotuner chose at this case."""
+    """Launch kind -> the (BLOCK_M, BLOCK_N, N_TILES) its autotuner chose at this case."""
     p = L._dot_args(dtype)["PRECISION"]
     return {
         "gather": chosen_blocks(L._gather_mm, dict(N=G, KD=D, EPILOGUE=EPI_RELU, PRECISION=p)),
@@ -302,7 +304,7 @@ def main(argv=None) -> dict:
                  if variant != BMM else None)
         if moved is not None:
             row["l2_mb"] = moved / 1e6
-            row["l2_tb_s"] = row["l2_mb"] / row["ms"] / 1e6
+            row["l2_tb_s"] = row["l2_mb"] / row["ms"] / 1e3  # MB / ms = GB/s
             row["x_probe"] = row["l2_tb_s"] / probe if probe else None
             l2 = (f" {row['l2_mb']:7.0f} {row['l2_tb_s']:8.2f} "
                   f"{'-' if probe is None else format(row['x_probe'], '.2f'):>8}")

@@ -230,3 +230,18 @@ def test_autotune_table_reads_every_config_triton_timed(tmp_path, monkeypatch, c
     assert {r["kernel"] for r in saved} == {"gather_mm_kernel", "wgrad_kernel"}
     with pytest.raises(SystemExit, match="no \\*.autotune.json under"):
         autotune_table.main(["--cache-dir", str(tmp_path / "empty")])
+
+
+def test_operand_cost_counts_a_column_loop_once():
+    """autotune_table's operand column: a scatter program that walks N_TILES column tiles
+    loads its A rows once for all of them (clamped to the product's N, as a wide tile)."""
+    from scripts.autotune_table import _operand_cost
+
+    key = {"N": 1024, "KD": 128}
+
+    def cost(**kwargs):
+        return _operand_cost({"kwargs": {"BLOCK_M": 64, "BLOCK_N": 128, **kwargs}}, key)
+
+    assert cost() == pytest.approx(1 / 64 + 1 / 128)
+    assert cost(N_TILES=4) == pytest.approx(1 / 64 + 1 / 512)
+    assert cost(N_TILES=16) == pytest.approx(1 / 64 + 1 / 1024)
