@@ -39,7 +39,6 @@ def variants(dt: str = "bf16", blocks: dict | None = None):
     """(kernel name, constexprs, unit-stride args, 16-divisible args, pointer types).
     dt "fp32-ieee": fp32 products without TF32 (torch's default), on FMA units."""
     from kernels.triton_launch import _seg_p2
-    from kernels.triton_wave import WAVE_BLOCK_M
 
     # what the launchers pass at issue 4's target case: the gather searches E*K = 128
     # segments, a slot of the scatter E = 32
@@ -53,10 +52,6 @@ def variants(dt: str = "bf16", blocks: dict | None = None):
              "gh_ptr": dt}
     s_ptr = {"a_ptr": dt, "w_ptr": dt, "y_ptr": dt, "tok_ptr": "i32", "off_ptr": "i32",
              "scale_ptr": dt, "order_ptr": "i64"}
-    v_ptr = {**s_ptr, "tab_ptr": "i32", "need_ptr": "i32", "sync_ptr": "i32"}
-    del v_ptr["off_ptr"]
-    wave = {k: v for k, v in base.items() if k != "BLOCK_M"}
-    wave["BLOCK_M"], wave["WAIT"] = WAVE_BLOCK_M, True  # the table's row tiles
     w_div = ["M", "N", "stride_am", "stride_bm", "stride_we", "stride_wm"]
     w_ptr = {"a_ptr": dt, "b_ptr": dt, "dw_ptr": dt, "tok_ptr": "i32", "off_ptr": "i32"}
     return [
@@ -76,13 +71,6 @@ def variants(dt: str = "bf16", blocks: dict | None = None):
         ("scatter_mm_kernel", {**base, **seg_slot, "HAS_SCALE": False, "ACCUMULATE": False},
          ["stride_ak", "stride_wk", "stride_yn"],
          ["N", "KD", "stride_am", "stride_we", "stride_wn", "stride_ym"], s_ptr),
-        # the same two in one launch for all slots (kernels/triton_wave.py)
-        ("scatter_wave_kernel", {**wave, "HAS_SCALE": True},
-         ["stride_ak", "stride_wn", "stride_yn"],
-         ["N", "KD", "stride_am", "stride_we", "stride_wk", "stride_ym"], v_ptr),
-        ("scatter_wave_kernel", {**wave, "HAS_SCALE": False},
-         ["stride_ak", "stride_wk", "stride_yn"],
-         ["N", "KD", "stride_am", "stride_we", "stride_wn", "stride_ym"], v_ptr),
         # dW2 = (gate h)^T dy[tok]  and  dW1 = x[tok]^T d pre-ReLU
         ("wgrad_kernel", {**base, "GATHER_A": False, "GATHER_B": True},
          ["stride_ak", "stride_bn", "stride_wn"], w_div, w_ptr),
@@ -122,13 +110,13 @@ def compile_all(dt: str = "bf16", capability: int = 90, warps: int = 8, stages: 
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from kernels import triton_cvmm, triton_wave
+    from kernels import triton_cvmm
 
     target = GPUTarget("cuda", capability, 32)
     for name, cex, ones, div16, ptrs in variants(dt, blocks):
         if kernel is not None and name != kernel:
             continue
-        fn = getattr(triton_cvmm, name, None) or getattr(triton_wave, name)
+        fn = getattr(triton_cvmm, name)
         names = fn.arg_names
         defaults = {n: p.default for n, p in inspect.signature(fn.fn).parameters.items()
                     if p.default is not inspect.Parameter.empty}  # e.g. EARLY_Y
@@ -150,38 +138,10 @@ def compile_all(dt: str = "bf16", capability: int = 90, warps: int = 8, stages: 
                **(ptxas_usage(compiled.asm["ptx"], capability) if spills else {})}
 
 
-def compile_table(groups: int, experts: int, capability: int = 90) -> dict:
-    """Shared memory, registers and spills of kernels/triton_wave.py's tile-table kernel
-    for `groups` (slots x token blocks) and `experts` lanes, as its launcher compiles it, and
-    `order`: its global loads, stores and block barriers in PTX order, runs collapsed
-    ("ld bar ld st bar ld bar st ..."), which shows the lanes' exchange through memory."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    from kernels.triton_wave import WAVE_BLOCK_M, wave_table_kernel
-
-    names = wave_table_kernel.arg_names
-    cex = {"BLOCK_M": WAVE_BLOCK_M, "G_P2": groups, "E_P2": experts}
-    ptrs = [n for n in names if n.endswith("_ptr")]
-    sig = {n: "constexpr" if n in cex else ("*i32" if n in ptrs else "i32") for n in names}
-    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in ptrs}
-    compiled = triton.compile(ASTSource(wave_table_kernel, sig, cex, attrs),
-                              target=GPUTarget("cuda", capability, 32),
-                              options={"num_warps": 8, "num_stages": 1})
-    ptx = compiled.asm["ptx"]
-    kinds = re.findall(r"\b(ld|st)\.global|\b(bar)\.sync", ptx)
-    order = [k[0] or k[1] for k in kinds]
-    order = [k for i, k in enumerate(order) if i == 0 or k != order[i - 1]]
-    return {"shared_bytes": compiled.metadata.shared, "order": " ".join(order),
-            **ptxas_usage(ptx, capability)}
-
-
 def main(argv=None) -> None:
     import argparse
 
     from kernels import triton_launch as tl
-    from kernels import triton_wave  # noqa: F401 (registers its kernel in TUNED)
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("dtype", nargs="?", default="bf16",

@@ -292,7 +292,7 @@ def scatter_mm_kernel(
         if HAS_SCALE:
             # scale * product + the earlier sums with one rounding, written out: the compiler
             # fuses a multiply and an add only where both sit in one basic block, and every
-            # scatter (the column loop, kernels/triton_wave.py) must get the same bits
+            # scatter path (one-tile programs, the N_TILES column loop) must get the same bits
             acc = tl.fma(acc, scale[:, None], y_old.to(tl.float32))
         else:
             acc += y_old.to(tl.float32)

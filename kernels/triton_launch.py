@@ -113,9 +113,11 @@ SCATTER_CONFIGS = [
     _cfg(128, 256, 64, 8, 2), _cfg(256, 128, 64, 8, 2),
     # N_TILES column tiles per program, the whole reduction in one A tile (KD <= BLOCK_K:
     # G <= 128), the next W tile fetched while this one's sums are read and written, and
-    # with EARLY_Y the next tile's sums too (run 4, H200: the one-tile programs above ran
-    # slot 0, a plain product, at 168 TFLOP/s, 0.45x cuBLAS's bmm of the same FLOPs).
-    # bf16, sm_90: 75-129 registers without the gate scale, 112-246 with it, no spills
+    # with EARLY_Y the next tile's sums too (run 4a, H200: the one-tile programs above ran
+    # slot 0, a plain product, at 168 TFLOP/s, 0.45x cuBLAS's bmm of the same FLOPs; 4b:
+    # 64x64x128, N_TILES 8, EARLY_Y taken for all four scatters at d_model 1024, their 8
+    # launches 482 -> 393 us). bf16, sm_90: 75-129 registers without the gate scale,
+    # 112-246 with it, no spills
     _cfg(64, 128, 128, 4, 3, N_TILES=4), _cfg(64, 128, 128, 4, 3, N_TILES=8, EARLY_Y=True),
     _cfg(64, 128, 128, 8, 3, N_TILES=8, EARLY_Y=True), _cfg(128, 128, 128, 8, 3, N_TILES=4),
     _cfg(128, 64, 128, 4, 3, N_TILES=8), _cfg(64, 64, 128, 4, 3, N_TILES=8),
@@ -217,9 +219,9 @@ def graph_bench(kernel_call, quantiles):
     first event and the kernel, so every config measured ~100 us of host time plus its
     own, and the host's jitter decided between configs a few us apart.
     do_bench_cudagraph runs on a stream of its own, which does not wait for the caller's:
-    the device sync first lets the caller's kernels finish writing this launch's inputs (a
-    wave's tile table, the earlier slots' sums that `restore_value` copies). Where the
-    capture fails, the config is timed by do_bench after all (a warning says so)."""
+    the device sync first lets the caller's kernels finish writing this launch's inputs (the
+    earlier slots' sums that `restore_value` copies). Where the capture fails, the config
+    is timed by do_bench after all (a warning says so)."""
     import warnings
 
     import torch
@@ -249,8 +251,8 @@ class Tuned(NamedTuple):
     key: list
 
 
-# every autotuned kernel by name (kernels/triton_wave.py adds its own): what
-# kernels/triton_aot.py compiles, scripts/autotune_table.py names and profile_moe.py reports
+# every autotuned kernel by name: what kernels/triton_aot.py compiles,
+# scripts/autotune_table.py names and profile_moe.py reports
 TUNED: dict[str, Tuned] = {}
 
 

@@ -12,65 +12,19 @@ Fused sigma-MoE expert path (dropout cannot be fused: the dispatcher uses the un
                              dW2, dW1, dx (slot-ordered scatter): 4 kernels + K-1 slot
                              launches
   Saved for the backward: x, gate, h_RG (R x G) and the routing -- never the T*K*D output.
-  Every slot-ordered scatter runs its K slots per `SCATTER`: a launch each, or all in one
-  launch with a tile table (kernels/triton_wave.py, 2 launches for any K).
+  Every slot-ordered scatter is K launches of one kernel, one per slot in slot order
+  (kernels/triton_launch.scatter_mm).
 
 Each op has a fake impl (shapes only) and registered autograd, so `torch.compile` traces
 through them with fullgraph=True; the backward calls ops too, so AOTAutograd traces it.
 """
 # no `from __future__ import annotations`: torch < 2.5 infers the custom ops' schemas from
 # the annotation objects and rejects strings
-import contextlib
-import os
-
 import torch
 from torch import Tensor
 
 from kernels import triton_launch as launch
 from kernels.triton_launch import EPI_GATE_RELU_BWD, EPI_RELU
-from kernels.triton_wave import scatter_mm_wave, wave_problem
-
-# how the scatter kernels run their K slots: "slots", one launch each (launch.scatter_mm),
-# or "wave", all in one launch (kernels/triton_wave.py: Y read back from L2, K - 1 fewer
-# launches). Same sums in the same order; "wave" is not yet run on a GPU, hence opt-in:
-# SIGMA_MOE_SCATTER=wave, set_scatter("wave"), or within `scatter_schedule("wave")` (the
-# benchmarks' triton_wave layer)
-SCATTERS = ("slots", "wave")
-SCATTER = "slots"
-
-
-def set_scatter(schedule: str) -> None:
-    global SCATTER
-    if schedule not in SCATTERS:
-        raise ValueError(f"scatter schedule {schedule!r} (SIGMA_MOE_SCATTER): "
-                         f"choose one of {SCATTERS}")
-    SCATTER = schedule
-
-
-set_scatter(os.environ.get("SIGMA_MOE_SCATTER", "slots"))
-
-
-@contextlib.contextmanager
-def scatter_schedule(schedule: str):
-    """`SCATTER` is `schedule` inside the block (forward and backward alike: the backward
-    reads it when it runs), and what it was after."""
-    before = SCATTER
-    set_scatter(schedule)
-    try:
-        yield
-    finally:
-        set_scatter(before)
-
-
-def _scatter_mm(a_RN, w_ENM, tok_R, off_S, n_tokens, scale=None, order_R=None):
-    """Y[t] = sum over the K rows r of token t of scale_r * (A[r] @ W[e_r]), per `SCATTER`
-    (the per-slot launches for K = 1, one launch already, and where the wave's tile table
-    cannot hold the routing)."""
-    E = w_ENM.shape[0]
-    K = launch._n_slots(off_S, E)
-    wave = SCATTER == "wave" and K > 1 and wave_problem(E, K) is None
-    return (scatter_mm_wave if wave else launch.scatter_mm)(a_RN, w_ENM, tok_R, off_S, n_tokens,
-                                                            scale, order_R)
 
 
 def _n_tokens(tok_R: Tensor, off_S: Tensor, n_exp: int) -> int:
@@ -93,7 +47,7 @@ def _(x_TD, w_EDN, tok_R, off_S):
 def cvmm_scatter(a_RD: Tensor, w_EDN: Tensor, tok_R: Tensor, off_S: Tensor) -> Tensor:
     """Y[t] = sum over the K sorted rows r of token t of A[r] @ W[e_r]."""
     T = _n_tokens(tok_R, off_S, w_EDN.shape[0])
-    return _scatter_mm(a_RD, w_EDN, tok_R, off_S, T)
+    return launch.scatter_mm(a_RD, w_EDN, tok_R, off_S, T)
 
 
 @cvmm_scatter.register_fake
@@ -156,10 +110,10 @@ def moe_mlp_triton_unfused(x_TD, gate_TK, w1_EDG, w2_EGD, routing, p=0.0, traini
 def fused_fwd(x_TD: Tensor, gate_TK: Tensor, w1_EDG: Tensor, w2_EGD: Tensor,
               tok_R: Tensor, order_R: Tensor, off_S: Tensor) -> tuple[Tensor, Tensor]:
     """-> (y_TD, h_RG): up-projection + ReLU in one kernel, gate-scaled down-projection
-    summed over the K slots in place (K launches of one kernel, or one wave: `SCATTER`)."""
+    summed over the K slots in place (K launches of one kernel)."""
     h_RG = launch.gather_mm(x_TD, w1_EDG, tok_R, off_S, epilogue=EPI_RELU)
-    y_TD = _scatter_mm(h_RG, w2_EGD, tok_R, off_S, x_TD.shape[0], scale=gate_TK.reshape(-1),
-                       order_R=order_R)
+    y_TD = launch.scatter_mm(h_RG, w2_EGD, tok_R, off_S, x_TD.shape[0],
+                             scale=gate_TK.reshape(-1), order_R=order_R)
     return y_TD, h_RG
 
 
@@ -185,7 +139,7 @@ def fused_bwd(gy_TD: Tensor, x_TD: Tensor, gate_TK: Tensor, w1_EDG: Tensor, w2_E
                        dtype=w2_EGD.dtype)
     gw1 = launch.wgrad(x_TD, gpre_RG, tok_R, off_S, E, gather_a=True, gather_b=False,
                        dtype=w1_EDG.dtype)
-    gx_TD = _scatter_mm(gpre_RG, w1_EDG.transpose(1, 2), tok_R, off_S, T)
+    gx_TD = launch.scatter_mm(gpre_RG, w1_EDG.transpose(1, 2), tok_R, off_S, T)
     gg_TK = gpart.sum(0).view(T, K).to(gate_TK.dtype)
     return gx_TD, gg_TK, gw1, gw2
 

@@ -1,17 +1,17 @@
 """Compile the autotune configs of the CVMM kernels (paper Eq. `cvmm`) in parallel, ahead.
 
 Triton's autotuner compiles each config of a launch the first time it times it, one after
-the other: one sigma-MoE layer's forward and backward make 80 of them (the gather's two
-epilogues, four scatter variants, two weight gradients; the wave's come on top), at a
-quarter of a second to seconds each, and a benchmark's first steps spend minutes on that
-(on the H200 lease, minutes of 15).
+the other: one sigma-MoE layer's forward and backward make 116 of them (the gather's two
+epilogues x 8 configs, four scatter variants x 21, two weight gradients x 8), at a quarter
+of a second to seconds each, and a benchmark's first steps spend minutes on that (on the H200 lease,
+minutes of 15).
 `precompile(fn)` runs fn() once with every autotuned launch replaced by the compiles of
 the configs it would time, with the same arguments (so the same specialisation: the
 autotuner's trials find them compiled), spread over a thread pool by Triton's
 `AsyncCompileMode` (the compiler's passes run outside the GIL, ptxas is a process of its
 own). No autotuned kernel runs meanwhile, so whatever fn computes from their outputs is
-garbage; launches that are not autotuned (the top-K, the wave's tile table) run as usual,
-so fn must not need real values from an autotuned kernel to decide what to launch.
+garbage; launches that are not autotuned (the top-K) run as usual, so fn must not need
+real values from an autotuned kernel to decide what to launch.
 """
 from __future__ import annotations
 

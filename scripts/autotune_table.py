@@ -30,7 +30,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kernels import triton_wave  # noqa: E402, F401 (registers its kernel in TUNED)
 from kernels.triton_launch import TUNED  # noqa: E402
 from scripts.bench_common import write_json  # noqa: E402
 

@@ -4,7 +4,6 @@ go. torch only (the GPU machines have no Hydra)."""
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import statistics
 import time
@@ -117,27 +116,6 @@ def write_json(path: Path, out: dict | list) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(out, indent=1) + "\n")
     print(f"wrote {path}")
-
-
-# benchmark layers that are a `kernels.moe_mlp` backend with another scatter schedule
-# (kernels/triton_ops.py SCATTER): timed in the same rounds as the default, so the two
-# schedules compare as a paired ratio
-SCATTER_VARIANTS = {"triton_wave": ("triton", "wave")}
-
-
-def layer_backend(layer: str) -> tuple[str, str]:
-    """A benchmark layer's (moe_mlp backend, scatter schedule): "triton_wave" is the fused
-    Triton layer with all K slots of a scatter in one launch (kernels/triton_wave.py)."""
-    return SCATTER_VARIANTS.get(layer, (layer, "slots"))
-
-
-def scatter_schedule(schedule: str):
-    """A context in which the Triton scatters run as `schedule` (nothing to set where
-    Triton is not importable: no Triton layer runs there)."""
-    import kernels
-
-    return (kernels.triton_ops.scatter_schedule(schedule) if kernels.HAS_TRITON
-            else contextlib.nullcontext())
 
 
 def precompile(*fns) -> None:

@@ -4,8 +4,7 @@ Reproduces the benchmark figures of the paper's appendix (Figs. `benchmark_es128
 `benchmark_32exp`, `benchmark`, `benchmark_es`, `benchmark_dmodel`): |B| = 32768 tokens,
 K = 4, one dense MLP (d_ff) against one sigma-MoE layer (selection + N_E experts of size G),
 for every backend of `kernels.moe_mlp` (Triton fused / unfused, torch._grouped_mm, the torch
-path, the per-expert loop), and the fused Triton layer with its K-slot scatters in one launch
-(`triton_wave`, kernels/triton_wave.py; opt-in in training until a GPU has measured it).
+path, the per-expert loop).
 Medians of repeated runs after warm-up, ratios to the dense MLP of the same run, FLOP and
 byte counts with the roofline time, a table on stdout, JSON under benchmarks/ and, when
 matplotlib is installed, the figures of scripts/plot_bench.py in the folder of the JSON's
@@ -43,28 +42,25 @@ from kernels.testing import (  # noqa: E402
 )
 from scripts.bench_common import (  # noqa: E402
     DTYPES,
-    SCATTER_VARIANTS,
     check_device,
     check_k,
     device_slug,
     graph_times,
-    layer_backend,
     out_path,
     paired_ratio,
     parse_with_defaults,
     positive,
     precompile,
-    scatter_schedule,
     sync,
     time_all,
     write_json,
 )
 from scripts.bench_roofline import bytes_moved, device_peaks, flops  # noqa: E402
 
-BACKENDS = ("triton", "triton_wave", "triton_unfused", "grouped_mm", "torch", "reference")
+BACKENDS = ("triton", "triton_unfused", "grouped_mm", "torch", "reference")
 # layers that run with no host sync, so that a CUDA graph captures them; the torch path and
 # the per-expert loop read routing counts on the host (.tolist(), nonzero)
-GRAPHABLE = {"dense", "dense_nobias", "triton", "triton_wave", "triton_unfused", "grouped_mm"}
+GRAPHABLE = {"dense", "dense_nobias", "triton", "triton_unfused", "grouped_mm"}
 # issue 4's GPU targets at the paper's shape (bf16): fused Triton layer / dense MLP time,
 # grouped_mm / Triton time, time / roofline, peak memory / the dense MLP's
 GPU_TARGET = {"d_model": 1024, "n_experts": 32, "expert_size": 128, "k": 4, "tokens": 32768}
@@ -134,8 +130,7 @@ def make_layers(c: dict, T: int, K: int, device: str, dtype: torch.dtype, backen
     def dense_nobias():
         return torch.relu(x @ W1.T) @ W2.T, (x, W1, W2)
 
-    def moe(layer_name):
-        backend, _ = layer_backend(layer_name)
+    def moe(backend):
         # the sigma-MoE selection as models/ffn/experts.py makes it (Triton top-K on CUDA)
         select = kernels.selection_backend(backend)
 
@@ -144,7 +139,7 @@ def make_layers(c: dict, T: int, K: int, device: str, dtype: torch.dtype, backen
             return kernels.moe_mlp(x, expert, gate, w1, w2, backend=backend), (x, w1, w2, w3)
         return forward
 
-    def layer(forward, schedule="slots"):
+    def layer(forward):
         def run(saved=None):
             hooks = contextlib.nullcontext()
             if saved is not None:
@@ -155,11 +150,9 @@ def make_layers(c: dict, T: int, K: int, device: str, dtype: torch.dtype, backen
                     return t
 
                 hooks = torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t)
-            # the backward's scatter too reads the schedule (and a CUDA graph captures it)
-            with scatter_schedule(schedule):
-                with hooks:
-                    y, wrt = forward()
-                torch.autograd.grad(y, wrt, gy)
+            with hooks:
+                y, wrt = forward()
+            torch.autograd.grad(y, wrt, gy)
         return run
 
     extra = {}
@@ -172,7 +165,7 @@ def make_layers(c: dict, T: int, K: int, device: str, dtype: torch.dtype, backen
 
         extra = {"dense_nobias": layer(dense_nobias), "torch_experts_only": layer(experts_only)}
     return {"dense": layer(dense), **extra,
-            **{b: layer(moe(b), layer_backend(b)[1]) for b in backends}}
+            **{b: layer(moe(b)) for b in backends}}
 
 
 def saved_mb(fn) -> float:
@@ -186,7 +179,7 @@ def usable_backends(requested, device, dtype) -> tuple[list[str], dict[str, str]
                                                                        device=device)
     ok, skipped = [], {}
     for b in requested:
-        problem = kernels.backend_problem(layer_backend(b)[0], x, w1)
+        problem = kernels.backend_problem(b, x, w1)
         if device == "cpu" and b.startswith("triton"):
             problem = "the Triton interpreter is far too slow to time"
         if problem:
@@ -197,31 +190,21 @@ def usable_backends(requested, device, dtype) -> tuple[list[str], dict[str, str]
 
 
 # ------------------------------------------------------------------------ main parts
-def check_backends(backends, device, dtype) -> list[str]:
-    """Each backend against the float64 per-expert loop on a small case; exit 1 if one is
-    off, except for a scatter variant (triton_wave), which is left out instead (the others
-    are still worth timing). -> the backends to time."""
+def check_backends(backends, device, dtype) -> None:
+    """Each backend against the float64 per-expert loop on a small case; exit 1 if off."""
     case = random_case(T=67, D=64, E=6, G=32, K=2, dtype=dtype, device=device)
     want = reference_case(case)
-
-    def run(b):
-        backend, schedule = layer_backend(b)
-        with scatter_schedule(schedule):
-            return run_case(case, backend)
-
-    precompile(*(functools.partial(run, b) for b in backends if b.startswith("triton")))
-    failed, ok = False, []
+    precompile(*(functools.partial(run_case, case, b) for b in backends
+                 if b.startswith("triton")))
+    failed = False
     for b in backends:
-        errs = compare(run(b), want)
+        errs = compare(run_case(case, b), want)
         bad = over_tolerance(errs, dtype)
         print(f"check {b:15s} max rel err {max(errs.values()):.2e} " +
-              ("FAIL " + str(bad) if bad else "ok") +
-              (": left out" if bad and b in SCATTER_VARIANTS else ""))
-        failed |= bool(bad) and b not in SCATTER_VARIANTS
-        ok += [] if bad else [b]
+              ("FAIL " + str(bad) if bad else "ok"))
+        failed |= bool(bad)
     if failed:
         sys.exit("a backend disagrees with the reference: not benchmarking")
-    return ok
 
 
 def bench_case(c, args, device, dtype, backends, peaks, extras=False) -> dict:
@@ -350,10 +333,7 @@ def main(argv=None) -> dict:
     for b, why in skipped.items():
         print(f"skip {b}: {why}")
     if args.check:
-        checked = check_backends(backends, args.device, dtype)
-        skipped.update({b: "disagrees with the reference (--check)" for b in backends
-                        if b not in checked})
-        backends = checked
+        check_backends(backends, args.device, dtype)
     peaks = device_peaks(args, args.device, dtype)
     print(f"device {peaks['device']}: peak {peaks['flop_s'] / 1e12:.3f} TFLOP/s, "
           f"{peaks['bytes_s'] / 1e9:.0f} GB/s ({peaks['source']}), dtype {dtype}")
@@ -416,24 +396,16 @@ def gpu_target(args, dtype, backends, peaks, done: dict[str, list[dict]]) -> dic
     if "graph_ms" in res["triton"] and "graph_ms" in res["dense"]:
         out["graph"] = judge(res, "graph_")
         print(f"gpu target (CUDA graph): {VERDICTS[out['graph']['pass']]}")
-    # the same targets for the fused layer with another scatter schedule (the wave), which
-    # would become the default where it does better
-    for layer in (v for v in SCATTER_VARIANTS if v in res):
-        out.setdefault("variants", {})[layer] = verdicts = {"eager": judge(res, "", layer)}
-        if "graph_ms" in res[layer] and "graph_ms" in res["dense"]:
-            verdicts["graph"] = judge(res, "graph_", layer)
-        print(f"gpu target ({layer}): " + ", ".join(
-            f"{VERDICTS[v['pass']]} ({timing})" for timing, v in verdicts.items()))
     return out
 
 
 VERDICTS = {True: "PASS", False: "FAIL", None: "INCOMPLETE (a check was not measured)"}
 
 
-def judge(res: dict, timing: str, layer: str = "triton") -> dict:
-    """The GPU targets on a fused Triton layer's eager times (`timing` "") or CUDA-graph
+def judge(res: dict, timing: str) -> dict:
+    """The GPU targets on the fused Triton layer's eager times (`timing` "") or CUDA-graph
     replays ("graph_"), each printed with its verdict -> values, checks and `pass`."""
-    tri, gmm, ms_all = res[layer], res.get("grouped_mm", {}), timing + "ms_all"
+    tri, gmm, ms_all = res["triton"], res.get("grouped_mm", {}), timing + "ms_all"
     got = {"x_dense": tri.get(timing + "ratio_to_dense"),
            "x_roofline": tri[timing + "x_roofline"],
            "peak_x_dense": tri.get("peak_ratio_to_dense"),
@@ -441,8 +413,7 @@ def judge(res: dict, timing: str, layer: str = "triton") -> dict:
                                       if ms_all in gmm else None)}
     checks = {k: None if got[k] is None else (got[k] <= lim if op == "<=" else got[k] >= lim)
               for k, (op, lim) in GPU_LIMITS.items()}
-    said = ([layer] if layer != "triton" else []) + (["CUDA graph"] if timing else [])
-    label = "gpu target" + (f" ({', '.join(said)})" if said else "")
+    label = "gpu target (CUDA graph)" if timing else "gpu target"
     for k, (op, lim) in GPU_LIMITS.items():
         verdict = {True: "PASS", False: "FAIL", None: "not measured"}[checks[k]]
         value = "-" if got[k] is None else f"{got[k]:.3f}"

@@ -2,13 +2,10 @@
 # Issue 4's GPU checks in one go, for a GPU machine with torch + triton only (no Hydra, no
 # install). The steps run most telling first, so a lease that runs out still has those:
 #   env      the device and the versions
-#   scatter  the slot-ordered scatter alone, K launches against one wave launch
-#            (bench_scatter.py), both scatters checked first. Unless it passes (or its limit
-#            cuts it short after both checks), the next steps leave the wave out.
 #   moe      the target case (d_model 1024, N_E 32, G 128, K 4, 32768 tokens): the dense MLP,
-#            the fused Triton layer (per-slot scatters, and `triton_wave`), the unfused one
-#            and grouped_mm. Each is checked against the float64 reference first, then timed
-#            eager and as CUDA-graph replays, and the four targets are judged.
+#            the fused Triton layer, the unfused one and grouped_mm. Each is checked against
+#            the float64 reference first, then timed eager and as CUDA-graph replays, and
+#            the four targets are judged.
 #   profile  GPU time per kernel of those layers (profile_moe.py)
 #   products each of the layer's products beside cuBLAS's bmm of its FLOPs and beside itself
 #            on rearranged rows: pre-gathered, token-interleaved (bench_products.py)
@@ -30,14 +27,14 @@
 #   less; a step with under MIN_STEP (20) seconds left is skipped.
 # PACK=1: the results go into OUT/gpu_check.tar.gz, rewritten after every step, beside the
 #   log; for a machine that returns only a few files.
-# Each step's limit in seconds: SCATTER_LIMIT, MOE_LIMIT, PROFILE_LIMIT, PRODUCTS_LIMIT,
-# TESTS_LIMIT, TRAIN_LIMIT, NCU_LIMIT, SWEEP_LIMIT, SWEEPS_LIMIT. TESTS_MARK=gpu runs the
-# `gpu` tests only; TESTS_WORKERS=1 runs them in one process.
+# Each step's limit in seconds: MOE_LIMIT, PROFILE_LIMIT, PRODUCTS_LIMIT, TESTS_LIMIT,
+# TRAIN_LIMIT, NCU_LIMIT, SWEEP_LIMIT, SWEEPS_LIMIT. TESTS_MARK=gpu runs the `gpu` tests
+# only; TESTS_WORKERS=1 runs them in one process.
 set -uo pipefail
 SECONDS=0  # bash would take an exported SECONDS as its start
 cd "$(dirname "$0")/.." || exit
 out=${1:-${OUT:-runs/gpu_check}}
-steps=${STEPS:-env scatter moe profile products tests train ncu sweep}
+steps=${STEPS:-env moe profile products tests train ncu sweep}
 py=${PYTHON:-python3}
 budget=${BUDGET:-}
 min_step=${MIN_STEP:-20}
@@ -61,7 +58,6 @@ res=$out  # where the steps write their results
 if [[ ${PACK:-0} == 1 ]]; then
   res=$(mktemp -d) || exit
 fi
-declare -A status first  # step -> exit status, its first line in the log
 
 pack() {  # the results so far as one archive, replaced atomically
   [[ $res == "$out" ]] && return 0
@@ -82,49 +78,25 @@ run() {  # run NAME SECONDS CMD...: CMD's output to the terminal and to the log
     fi
     ((limit > left)) && limit=$left
   fi
-  first[$name]=$(($(wc -l <"$log") + 1))
   echo "=== $name (limit ${limit}s): $*" | tee -a "$log"
   local t0=$SECONDS
   # SIGKILL `grace` seconds after a SIGTERM that did not end it; tee in a process
   # substitution, which bash does not wait for (a pipe's tee would wait for any process
   # that still holds the output, e.g. one that left the process group)
   timeout -k "$grace" "$limit" "$@" > >(tee -a "$log") 2>&1
-  status[$name]=$?
-  echo "=== $name: exit ${status[$name]} after $((SECONDS - t0))s" | tee -a "$log"
+  local rc=$?
+  echo "=== $name: exit $rc after $((SECONDS - t0))s" | tee -a "$log"
   pack
-}
-
-checked() {  # checked STEP PATTERN...: STEP printed a line starting with each pattern
-  local p
-  for p in "${@:2}"; do
-    tail -n +"${first[$1]}" "$log" | grep -q "^$p" || return 1
-  done
 }
 
 run env 30 bash -c "nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,\
 clocks.max.sm,temperature.gpu,power.draw --format=csv; $py -c 'import torch, triton, numpy; \
 print(torch.__version__, triton.__version__, numpy.__version__, torch.cuda.get_device_name())'"
-# the one-launch scatter (kernels/triton_wave.py) against the per-slot launches, for several
-# token blocks: graph-replay times, paired ratios and the difference of their results
-run scatter "${SCATTER_LIMIT:-180}" "$py" scripts/bench_scatter.py --out "$res/scatter.json"
-fused=(triton triton_wave)
-no_wave=""
-# the wave is timed on only if the scatter step passed, or if its limit cut it short after
-# both checks (they come before its timings)
-case ${status[scatter]:-none} in
-  none | 0) ;;
-  124 | 137) checked scatter "check fwd: ok" "check dx: ok" || no_wave=1 ;;
-  *) no_wave=1 ;;
-esac
-if [[ -n $no_wave ]]; then
-  fused=(triton)
-  echo "=== the scatter step did not pass: the wave (triton_wave) is left out" | tee -a "$log"
-fi
 # the torch path and the per-expert loop are left out: host-synced, seconds per case here
 run moe "${MOE_LIMIT:-150}" "$py" scripts/bench_moe.py --check --sweeps \
-  --backends "${fused[@]}" triton_unfused grouped_mm --out "$res/moe.json"
+  --backends triton triton_unfused grouped_mm --out "$res/moe.json"
 run profile "${PROFILE_LIMIT:-60}" "$py" scripts/profile_moe.py \
-  --backends "${fused[@]}" triton_unfused grouped_mm --out "$res/profile.json"
+  --backends triton triton_unfused grouped_mm --out "$res/profile.json"
 # the layer's launches take the configs the steps before tuned (Triton's disk cache)
 run products "${PRODUCTS_LIMIT:-90}" "$py" scripts/bench_products.py --out "$res/products.json"
 # the ahead-of-time compile tests need no GPU (CI runs them)
@@ -136,23 +108,21 @@ if ((${TESTS_WORKERS:-4} > 1)) && "$py" -c "import xdist" 2>/dev/null; then
 fi
 run tests "${TESTS_LIMIT:-200}" "$py" -m pytest -q -p no:cacheprovider "${workers[@]}" \
   tests/test_kernels_triton.py tests/test_kernels_triton_configs.py \
-  tests/test_kernels_precompile.py tests/test_kernels_topk.py tests/test_kernels_wave.py \
-  tests/test_bench_products.py \
-  -m "${TESTS_MARK:-not slow}" \
-  -k "not hopper and not smem_estimate and not spills${no_wave:+ and not wave}"
+  tests/test_kernels_precompile.py tests/test_kernels_topk.py tests/test_bench_products.py \
+  -m "${TESTS_MARK:-not slow}" -k "not hopper and not smem_estimate and not spills"
 run train "${TRAIN_LIMIT:-120}" "$py" scripts/bench_train.py --reps 5 --profile 12 \
   --out "$res/train.json"
-# one forward+backward of the dense and the fused layers under ncu (the profile step filled
+# one forward+backward of the dense and the fused layer under ncu (the profile step filled
 # Triton's autotune cache: no tuning runs under it), then the counters as a table
 run ncu "${NCU_LIMIT:-120}" bash -c "command -v ncu >/dev/null || { echo 'no ncu here: skipped'; \
 exit 0; }; ncu --profile-from-start off --clock-control none --section SpeedOfLight \
 --section MemoryWorkloadAnalysis --section Occupancy --section WarpStateStats --section LaunchStats \
 --metrics dram__bytes.sum,lts__t_bytes.sum,lts__throughput.avg.pct_of_peak_sustained_elapsed --print-units base --csv --page raw \
 --log-file '$res/ncu.csv' \
-$py scripts/profile_moe.py --backends ${fused[*]} --ncu \
+$py scripts/profile_moe.py --backends triton --ncu \
 && $py scripts/ncu_table.py '$res/ncu.csv' --out '$res/ncu.json'"
 run sweep "${SWEEP_LIMIT:-200}" "$py" scripts/bench_moe.py --no-target --sweeps dmodel_g128 \
-  --backends "${fused[@]}" grouped_mm --out "$res/moe_dmodel_g128.json"
+  --backends triton grouped_mm --out "$res/moe_dmodel_g128.json"
 # not a default step (a few minutes more): the sweeps of Figs. benchmark_32exp, benchmark,
 # benchmark_es and benchmark_dmodel, fused Triton and grouped_mm against the dense MLP
 run sweeps "${SWEEPS_LIMIT:-300}" "$py" scripts/bench_moe.py --no-target --reps 10 \

@@ -74,7 +74,6 @@ def autotuned() -> dict[str, dict[str, str]]:
     """The block sizes each Triton autotuner chose, by kernel and key (shapes, dtypes,
     variant)."""
     try:
-        from kernels import triton_wave  # noqa: F401 (registers its kernel in TUNED)
         from kernels.triton_launch import TUNED
     except ImportError:
         return {}
@@ -87,7 +86,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     add_case_args(p, GPU_TARGET)
     p.add_argument("--d-ff", type=positive, help="the dense MLP's (default N_E * G)")
     p.add_argument("--backends", nargs="+", choices=BACKENDS,
-                   default=["triton", "triton_wave", "triton_unfused", "grouped_mm"])
+                   default=["triton", "triton_unfused", "grouped_mm"])
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--reps", type=positive, default=5)
     p.add_argument("--top", type=positive, default=12, help="kernels printed per layer")

@@ -59,11 +59,6 @@ def test_check_refuses_to_time_a_wrong_backend(monkeypatch, capsys):
     with pytest.raises(SystemExit, match="disagrees"):
         bench_moe.check_backends(["torch", "reference"], "cpu", torch.float32)
     assert "check torch" in capsys.readouterr().out
-    # a scatter variant that is off is left out; the others are still timed
-    monkeypatch.setitem(bench_common.SCATTER_VARIANTS, "torch", ("torch", "slots"))
-    assert bench_moe.check_backends(["torch", "reference"], "cpu", torch.float32) == [
-        "reference"]
-    assert "FAIL" in capsys.readouterr().out.split("check torch")[1].split(": left out")[0]
 
 
 @pytest.mark.parametrize("argv, changed", [
@@ -77,7 +72,7 @@ def test_check_refuses_to_time_a_wrong_backend(monkeypatch, capsys):
     (["--k", "2", "--warmup", "0", "--reps", "5"], ["--k", "--warmup", "--reps"]),
     (["--dtype", "bf16", "--no-target"], ["--dtype", "--no-target"]),
     (["--peak-tflops", "1", "--peak-gbps", "1"], ["--peak-tflops", "--peak-gbps"]),
-    (["--backends", "triton", "triton_wave"], ["--backends"]),
+    (["--backends", "triton", "grouped_mm"], ["--backends"]),
 ])
 def test_flags_that_change_the_results(argv, changed):
     assert bench_moe.parse_args(["--device", "cpu", *argv])[1] == changed
@@ -180,52 +175,6 @@ def test_gpu_targets_are_also_judged_on_cuda_graph_times(capsys):
     assert len({len(line) for line in table}) == 1 and table[-1].split()[-3:] == ["-"] * 3
 
 
-def test_the_wave_layer_is_judged_beside_the_default(capsys):
-    """The fused layer with the one-launch scatter (`triton_wave`, timed in the same rounds)
-    gets the same four targets, eager and on graph replays, against its own times; the
-    issue's verdict stays the default layer's."""
-    def r(ms, g_ms, peak=0.3):
-        return {"ms": ms, "ms_all": [ms, ms], "ratio_to_dense": ms / 4, "x_roofline": 8.0,
-                "peak_ratio_to_dense": peak, "saved_ratio_to_dense": 0.2, "graph_ms": g_ms,
-                "graph_ms_all": [g_ms, g_ms], "graph_ratio_to_dense": g_ms / 2.4,
-                "graph_x_roofline": g_ms / 0.5}
-
-    case = {**bench_moe.GPU_TARGET, "d_ff": 4096,
-            "results": {"dense": r(4.0, 2.4), "triton": r(3.0, 1.2), "triton_wave": r(2.6, 0.55),
-                        "grouped_mm": r(3.3, 2.6)}}
-    out = bench_moe.gpu_target(argparse.Namespace(tokens=32768, k=4), torch.bfloat16,
-                               ["triton", "triton_wave", "grouped_mm"], {},
-                               {"dmodel_g128": [case]})
-    assert out["graph"]["pass"] is False and out["graph"]["x_dense"] == pytest.approx(0.5)
-    wave = out["variants"]["triton_wave"]
-    assert wave["graph"]["x_dense"] == pytest.approx(0.55 / 2.4)
-    assert wave["graph"]["grouped_mm_over_triton"] == pytest.approx(2.6 / 0.55)
-    assert wave["graph"]["pass"] is True and wave["eager"]["pass"] is False
-    said = capsys.readouterr().out.splitlines()
-    assert "gpu target (triton_wave, CUDA graph): x_dense = 0.229 (target <= 0.25): PASS" in said
-    assert said[-1] == "gpu target (triton_wave): FAIL (eager), PASS (graph)"
-
-
-def test_the_wave_layer_runs_the_wave_both_ways(monkeypatch):
-    """bench_moe's `triton_wave` layer is the fused Triton layer with the wave scatter in its
-    forward (y) and its backward (dx), checked against the reference like every backend
-    (interpreter, tiny shapes); the schedule is the default again after each call."""
-    from kernels import triton_ops, triton_wave
-
-    calls = []
-    real = triton_wave.scatter_mm_wave
-    monkeypatch.setattr(triton_ops, "scatter_mm_wave",
-                        lambda *a, **k: calls.append(a[4]) or real(*a, **k))
-    c = {"d_model": 16, "n_experts": 3, "expert_size": 16, "d_ff": 48}
-    layers = bench_moe.make_layers(c, 11, 2, "cpu", torch.float32, ["triton", "triton_wave"])
-    layers["triton"]()
-    assert calls == [] and triton_ops.SCATTER == "slots"
-    layers["triton_wave"]()
-    assert calls == [11, 11] and triton_ops.SCATTER == "slots"  # y, then dx
-    bench_moe.check_backends(["triton_wave"], "cpu", torch.float32)
-    assert len(calls) == 4
-
-
 def test_moe_bytes_count_the_sorted_rows_t_times_k():
     """Mutant `six(T * K, G, ...)` -> `six(T, G, ...)`: the MoE's gathered operands counted
     once, not K times (docstring)."""
@@ -287,20 +236,17 @@ def test_profile_moe_says_it_needs_a_gpu(monkeypatch):
         profile_moe.main([])
 
 
-@pytest.mark.parametrize("script", ["bench_scatter", "bench_products"])
-def test_triton_benchmarks_say_they_need_a_gpu_or_the_interpreter(script, monkeypatch):
-    """Without CUDA they run only under the Triton interpreter (a smoke test on tiny
-    shapes); elsewhere one line says so, before any input is built."""
-    import importlib
-
+def test_bench_products_says_it_needs_a_gpu_or_the_interpreter(monkeypatch):
+    """Without CUDA bench_products runs only under the Triton interpreter (a smoke test on
+    tiny shapes); elsewhere one line says so, before any input is built."""
     import kernels
+    from scripts import bench_products
 
-    module = importlib.import_module(f"scripts.{script}")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(kernels, "TRITON_INTERPRET", False)
-    with pytest.raises(SystemExit, match=f"error: {script}.py times Triton kernels: it needs "
-                                         "a CUDA device .or TRITON_INTERPRET=1"):
-        module.main([])
+    with pytest.raises(SystemExit, match="error: bench_products.py times Triton kernels: it "
+                                         "needs a CUDA device .or TRITON_INTERPRET=1"):
+        bench_products.main([])
 
 
 def test_benchmarks_precompile_on_cuda(monkeypatch, capsys):
@@ -337,7 +283,6 @@ def test_benchmarks_precompile_on_cuda(monkeypatch, capsys):
     ("bench_moe", ["--device", "cuda"], "--device cuda: torch .* sees no CUDA device here"),
     ("bench_train", ["--device", "cuda"], "--device cuda: torch .* sees no CUDA device here"),
     ("bench_train", ["--reps", "-1"], "argument --reps: must be at least 1, got -1"),
-    ("bench_scatter", ["--k", "40"], "--k 40 is more than the 32 experts of a case"),
     ("profile_moe", ["--k", "3", "--n-experts", "2"], "--k 3 is more than the 2 experts"),
     ("profile_moe", ["--tokens", "many"], "argument --tokens: invalid positive value: 'many'"),
 ])

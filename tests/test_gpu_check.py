@@ -59,10 +59,9 @@ def test_ncu_table_reads_the_raw_csv_among_ncu_log_lines(tmp_path, capsys):
 
 def _gpu_check(tmp_path, out="out", returncode=0, **env):
     """Run scripts/gpu_check.sh with a stand-in python (records its arguments, writes an
-    empty JSON where --out says, prints bench_scatter's check lines unless NO_CHECK is set;
-    FAIL=script exits 1 for that script, SLEEP=script sleeps 10 s) and a stand-in ncu
-    (records, then runs the program it wraps). -> (the calls as argument lists, the log's
-    (step, exit) pairs, the log's text)."""
+    empty JSON where --out says; FAIL=script exits 1 for that script, SLEEP=script sleeps
+    10 s) and a stand-in ncu (records, then runs the program it wraps). -> (the calls as
+    argument lists, the log's (step, exit) pairs, the log's text)."""
     import shlex
     import subprocess
 
@@ -70,7 +69,6 @@ def _gpu_check(tmp_path, out="out", returncode=0, **env):
     py = tmp_path / "python"
     py.write_text(f"""#!/bin/bash
 echo "$*" >> {log}
-[[ $1 == *bench_scatter* && -z ${{NO_CHECK:-}} ]] && printf 'check fwd: ok\\ncheck dx: ok\\n'
 [[ $1 == *"${{SLEEP:-none}}"* ]] && sleep 10
 [[ $1 == *"${{FAIL:-none}}"* ]] && exit 1
 while [[ $# -gt 0 ]]; do [[ $1 == --out ]] && echo '{{}}' > "$2"; shift; done
@@ -96,25 +94,24 @@ exit 0
 def test_gpu_check_runs_only_commands_its_scripts_accept(tmp_path, monkeypatch):
     """scripts/gpu_check.sh (what a short GPU lease runs, where a typo costs the lease):
     every step runs, in order, and every script call parses with that script's own argument
-    parser (as on a CUDA machine); the steps keep running past a failing one."""
+    parser (as on a CUDA machine)."""
     import importlib
 
     calls, steps, _ = _gpu_check(
-        tmp_path, STEPS="env scatter moe profile products tests train ncu sweep sweeps")
-    assert [s for s, _ in steps] == ["env", "scatter", "moe", "profile", "products", "tests",
-                                     "train", "ncu", "sweep", "sweeps"]
+        tmp_path, STEPS="env moe profile products tests train ncu sweep sweeps")
+    assert [s for s, _ in steps] == ["env", "moe", "profile", "products", "tests", "train",
+                                     "ncu", "sweep", "sweeps"]
     scripts = {}
     for call in calls:
         if call[0].startswith("scripts/"):
             scripts.setdefault(Path(call[0]).stem, []).append(call[1:])
-    assert sorted(scripts) == ["autotune_table", "bench_moe", "bench_products", "bench_scatter",
-                               "bench_train", "ncu_table", "profile_moe"]
+    assert sorted(scripts) == ["autotune_table", "bench_moe", "bench_products", "bench_train",
+                               "ncu_table", "profile_moe"]
     assert calls[-1][0] == "scripts/autotune_table.py"  # after every step
     assert ["-m", "pytest"] == next(c for c in calls if c[0] == "-m")[:2]
     ncu_call = next(c for c in calls if c[0] == "ncu")
     assert {"--profile-from-start", "--csv"} <= set(ncu_call)
     assert scripts["profile_moe"][-1][-1] == "--ncu"
-    assert "triton_wave" in scripts["bench_moe"][0]  # the scatter step passed
     pytest_call = next(c for c in calls if c[0] == "-m")
     assert " ".join(pytest_call).endswith("not spills")
     assert pytest_call[pytest_call.index("-n") + 1] == "4"  # the stand-in "has" xdist
@@ -126,53 +123,40 @@ def test_gpu_check_runs_only_commands_its_scripts_accept(tmp_path, monkeypatch):
             module.parse_args([*args, *device])  # argparse's SystemExit fails the test
 
 
-def test_gpu_check_leaves_out_a_wave_that_failed(tmp_path):
-    """A wave scatter that fails (a wrong result, or a crash after its checks, e.g. in a
-    graph replay) or hangs before the scatter step has checked both scatters is not run
-    again: the steps after it run the fused layer with the per-slot scatters, and the tests
-    leave the wave's out. One cut short while timing, after both checks, is kept."""
-    def timed(calls):
-        return [c for c in calls if c[0] in ("scripts/bench_moe.py", "scripts/profile_moe.py")]
-
-    steps_run = "scatter moe profile tests ncu sweep"
-    calls, steps, text = _gpu_check(tmp_path, STEPS=steps_run, FAIL="bench_scatter")
-    assert steps[0] == ("scatter", "exit 1")
-    assert "the scatter step did not pass: the wave (triton_wave) is left out" in text
-    assert len(timed(calls)) == 4 and not any("triton_wave" in c for c in timed(calls))
-    pytest_k = next(c for c in calls if c[:2] == ["-m", "pytest"])
-    assert " ".join(pytest_k).endswith("not spills and not wave")  # (the stand-in's "$*")
-    calls, steps, text = _gpu_check(tmp_path, "cut", STEPS="scatter moe", SLEEP="bench_scatter",
-                                    SCATTER_LIMIT="1")
-    assert steps[0] == ("scatter", "exit 124") and "left out" not in text
-    assert "triton_wave" in timed(calls)[-1]
-    calls, steps, text = _gpu_check(tmp_path, "hung", STEPS="scatter moe", NO_CHECK="1",
-                                    SLEEP="bench_scatter", SCATTER_LIMIT="1")
-    assert steps[0] == ("scatter", "exit 124") and "left out" in text
-    assert "triton_wave" not in timed(calls)[-1]
+def test_gpu_check_keeps_going_past_a_failing_or_cut_step(tmp_path):
+    """A step that fails, or that its own limit (MOE_LIMIT) cuts short, leaves the steps
+    after it their run."""
+    _, steps, _ = _gpu_check(tmp_path, STEPS="moe profile tests", FAIL="bench_moe")
+    assert steps == [("moe", "exit 1"), ("profile", "exit 0"), ("tests", "exit 0")]
+    _, steps, text = _gpu_check(tmp_path, "cut", STEPS="moe profile", SLEEP="bench_moe",
+                                MOE_LIMIT="1")
+    assert steps == [("moe", "exit 124"), ("profile", "exit 0")]
+    assert "=== moe (limit 1s)" in text
 
 
 def test_gpu_check_packs_its_results_and_keeps_to_its_budget(tmp_path):
     """PACK=1 (a lease that returns few files): the log and one archive of every step's
-    results. BUDGET: a step runs at most as long as the budget has left (the scatter step
-    here: killed after ~5 s, not its own 90), and the steps with too little left are
-    skipped, said so in the log."""
+    results. BUDGET: a step runs at most as long as the budget has left (the moe step here:
+    killed after ~5 s, not its own 150), and the steps with too little left are skipped,
+    said so in the log."""
     import tarfile
     import time
 
     t0 = time.monotonic()
-    calls, steps, text = _gpu_check(tmp_path, STEPS="scatter moe profile train", PACK="1",
-                                    BUDGET="6", MIN_STEP="1", GRACE="1", SLEEP="bench_scatter")
+    calls, steps, text = _gpu_check(tmp_path, STEPS="moe profile products train", PACK="1",
+                                    BUDGET="6", MIN_STEP="1", GRACE="1", SLEEP="bench_moe")
     assert time.monotonic() - t0 < 9
-    assert steps == [("scatter", "exit 124"), ("moe", "skipped"), ("profile", "skipped"),
+    assert steps == [("moe", "exit 124"), ("profile", "skipped"), ("products", "skipped"),
                      ("train", "skipped")]
-    assert "=== scatter (limit 5s)" in text
-    calls, steps, _ = _gpu_check(tmp_path, "packed", STEPS="scatter moe profile train", PACK="1")
+    assert "=== moe (limit 5s)" in text
+    calls, steps, _ = _gpu_check(tmp_path, "packed", STEPS="moe profile products train",
+                                 PACK="1")
     assert [e for _, e in steps] == ["exit 0"] * 4
     out = tmp_path / "packed"
     assert sorted(p.name for p in out.iterdir()) == ["gpu_check.log", "gpu_check.tar.gz"]
     with tarfile.open(out / "gpu_check.tar.gz") as tar:
         names = {Path(n).name for n in tar.getnames()}
-    assert {"gpu_check.log", "scatter.json", "moe.json", "profile.json", "train.json",
+    assert {"gpu_check.log", "moe.json", "profile.json", "products.json", "train.json",
             "autotune.json"} <= names
     said = _gpu_check(tmp_path, "bad", returncode=2, BUDGET="540s")
     assert said.strip() == "error: BUDGET=540s: a whole number of seconds"

@@ -178,9 +178,6 @@ counted("the next run")
 n = len(launches)
 precompile(layer, workers=2)
 print(f"a precompile after it: {len(launches) - n} launches")
-with triton_ops.scatter_schedule("wave"):  # each scatter: a tile table and one wave launch
-    layer()
-    counted("the wave's next run")
 """
 
 
@@ -199,31 +196,26 @@ def test_precompile_compiles_the_fused_layer_for_hopper_and_launches_nothing():
                               "compiled in "), said
     assert said[1] == "_gather_mm 2 _scatter_mm 4 _wgrad 2"
     assert said[2] == "compiled by the run after it: 0"
-    # the layer's launches: 2 gathers, 2 x K = 8 slot scatters (or 2 tile tables and 2
-    # waves), 2 weight gradients
+    # the layer's launches: 2 gathers, 2 x K = 8 slot scatters, 2 weight gradients
     assert said[3:] == ["the next run: 12 launches, 0 through an autotuner, 0 compiles",
-                        "a precompile after it: 0 launches",
-                        "the wave's next run: 8 launches, 0 through an autotuner, 0 compiles"]
+                        "a precompile after it: 0 launches"]
 
 
 # ---------------------------------------------------------------------------- GPU only
 @pytest.mark.gpu
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
-@pytest.mark.parametrize("schedule", ["slots", "wave"])
-def test_gpu_precompile_leaves_nothing_to_compile(schedule, monkeypatch):
+def test_gpu_precompile_leaves_nothing_to_compile():
     """After `precompile` of a layer's forward+backward, the real run (autotuning, then the
     launches) compiles nothing more: every trial found its config compiled under the key
     the warm-up filled. The result is still right: the warm-up ran no autotuned kernel and
     left nothing behind."""
-    from kernels import triton_launch, triton_ops, triton_precompile, triton_wave
+    from kernels import triton_launch, triton_precompile
 
-    monkeypatch.setattr(triton_ops, "SCATTER", schedule)
     # a shape of its own (odd tokens, G = 48), so that the kernels are new to this process
     case = random_case(T=523, D=208, E=8, G=48, K=3, dtype=torch.bfloat16, device="cuda")
     said = triton_precompile.precompile(lambda: run_case(case, "triton"))
     assert said.startswith("precompile: the autotune configs"), said
-    tuners = [triton_launch._gather_mm, triton_launch._scatter_mm, triton_launch._wgrad,
-              triton_wave._scatter_wave]
+    tuners = [triton_launch._gather_mm, triton_launch._scatter_mm, triton_launch._wgrad]
     device = torch.cuda.current_device()
 
     def compiled():

@@ -32,7 +32,7 @@ def test_kernels_compile_for_hopper():
     """Real Triton (not the interpreter) compiles every kernel variant for sm_90, with
     wgmma products and a software-pipelined (cp.async) K loop; no GPU needed."""
     reports = _compile_for_hopper()
-    assert len(reports) == 8
+    assert len(reports) == 6
     for r in reports:
         assert r["wgmma"] > 0 and r["async_copies"] > 0, r
         assert r["shared_bytes"] <= 227 * 1024, r  # fits an H100 SM
@@ -58,11 +58,10 @@ def test_smem_estimate_is_what_triton_allocates():
     # two variants each x (the autotune configs + the small one)
     assert [len(r) for r in by_kernel.values()] == [
         2 * (len(c) + 1) for c in (MM_CONFIGS, SCATTER_CONFIGS, WGRAD_CONFIGS)]
-    wave = [r for r in reports if r["kernel"] == "scatter_wave_kernel"]
     scatter, looped = [], []  # the scatter's one-tile programs, its column loops
     for r in by_kernel["scatter_mm_kernel"]:
         (looped if r["variant"].get("N_TILES", 1) > 1 else scatter).append(r)
-    assert all(r["shared_bytes"] == r["estimate"] for r in gather + scatter + wave), reports
+    assert all(r["shared_bytes"] == r["estimate"] for r in gather + scatter), reports
     assert looped and all(r["shared_bytes"] <= r["estimate"] for r in looped), looped
     assert all(r["shared_bytes"] == r["estimate"] for r in wgrad if r["num_stages"] > 2), wgrad
     assert all(r["shared_bytes"] <= r["estimate"] for r in wgrad), wgrad
@@ -86,9 +85,9 @@ def test_smem_estimate_is_what_triton_allocates():
 
 def test_loads_stay_in_flight_across_loop_steps():
     """What each config's num_stages S buys on sm_90: the copy groups that a loop step's
-    wait leaves in flight (PTX `cp.async.wait_group`). A gather, scatter or wave step
-    commits 2 groups (A and W tiles) and keeps S - 2 steps ahead; a step of the scatter's
-    column loop (N_TILES > 1) 1 group, its W tile (A is loaded once). A wgrad step commits 3
+    wait leaves in flight (PTX `cp.async.wait_group`). A gather or scatter step commits 2
+    groups (A and W tiles) and keeps S - 2 steps ahead; a step of the scatter's column loop
+    (N_TILES > 1) 1 group, its W tile (A is loaded once). A wgrad step commits 3
     (its rows' token ids, then the rows: a load behind a load, so the pipeliner gives the
     ids stages of their own) and keeps (S + 1) // 2 - 2 ahead: with S = 3 or 4 (runs 1-3's
     config, kept as the baseline) each step waited for all its loads, which fits its 105
@@ -172,7 +171,7 @@ def test_fp32_without_tf32_compiles_without_spills():
     reports = _compile_for_hopper("fp32-ieee", "--all-configs", "--spills")
     from kernels.triton_launch import IEEE_CONFIGS
 
-    assert len(reports) == 4 * 2 * len(IEEE_CONFIGS)
+    assert len(reports) == 3 * 2 * len(IEEE_CONFIGS)
     assert all(r["spill_bytes"] == 0 for r in reports), reports
 
 
@@ -185,15 +184,14 @@ def test_gpu_autotuners_prune_and_cache():
     import triton
 
     stdout = outside_interpreter("-c", (
-        "import kernels.triton_launch as L, kernels.triton_wave as W\n"
-        "for a in (L._gather_mm, L._scatter_mm, L._wgrad, W._scatter_wave):\n"
+        "import kernels.triton_launch as L\n"
+        "for a in (L._gather_mm, L._scatter_mm, L._wgrad):\n"
         "    print(getattr(a, 'cache_results', False), a.early_config_prune.__name__,\n"
         "          a._do_bench.__name__)\n"))
     caching = str("cache_results" in inspect.signature(triton.autotune).parameters)
     assert stdout.split() == [caching, "_prune_to_smem", "graph_bench",
                               caching, "_prune_to_smem", "graph_bench",
-                              caching, "_prune_wgrad_to_smem", "graph_bench",
-                              caching, "_prune_to_table", "graph_bench"]
+                              caching, "_prune_wgrad_to_smem", "graph_bench"]
 
 
 def test_autotune_times_graph_replays_after_the_callers_kernels(monkeypatch):

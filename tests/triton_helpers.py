@@ -63,7 +63,7 @@ def need_hopper_toolchain() -> None:
 
 def checks_of_a_failing_run(main, argv, path, match: str, capsys) -> list[str]:
     """A benchmark script's run that must stop with `match` after writing its JSON anew
-    (scripts/bench_scatter.py, bench_products.py): -> the `check` lines it printed."""
+    (scripts/bench_products.py): -> the `check` lines it printed."""
     path.unlink()
     with pytest.raises(SystemExit, match=match):
         main(argv)
