@@ -167,21 +167,6 @@ def gather_mm_kernel(
 
 
 @triton.jit
-def _tile_to_tokens(tok_ptr, y_ptr, row0, row_end, pid_n, N, stride_ym, stride_yn,
-                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """A scatter tile: sorted rows row0.. (< row_end), columns of column tile pid_n, and the
-    pointers to the token rows of Y they land in. -> (rows, row_ok, cols, col_ok, y_ptrs,
-    mask)."""
-    rows = row0 + tl.arange(0, BLOCK_M)
-    row_ok = rows < row_end
-    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    col_ok = cols < N
-    out_rows = tl.load(tok_ptr + rows, mask=row_ok, other=0).to(tl.int64)
-    y_ptrs = y_ptr + out_rows[:, None] * stride_ym + cols[None, :] * stride_yn
-    return rows, row_ok, cols, col_ok, y_ptrs, row_ok[:, None] & col_ok[None, :]
-
-
-@triton.jit
 def _scatter_row_tile(
     a_ptr, w_ptr, y_ptr, tok_ptr, scale_ptr, order_ptr, e, row0, row_end, tile_n0, N, KD,
     stride_am, stride_ak, stride_we, stride_wk, stride_wn, stride_ym, stride_yn,
@@ -205,9 +190,9 @@ def _scatter_row_tile(
         flat = tl.load(order_ptr + rows, mask=row_ok, other=0)
         scale = tl.load(scale_ptr + flat, mask=row_ok, other=0.0).to(tl.float32)
     out_rows = tl.load(tok_ptr + rows, mask=row_ok, other=0).to(tl.int64)
-    w_ptrs = (w_ptr + e.to(tl.int64) * stride_we + ks[:, None] * stride_wk
-              + (tile_n0 * BLOCK_N + tl.arange(0, BLOCK_N))[None, :] * stride_wn)
     cols = tile_n0 * BLOCK_N + tl.arange(0, BLOCK_N)
+    w_ptrs = (w_ptr + e.to(tl.int64) * stride_we + ks[:, None] * stride_wk
+              + cols[None, :] * stride_wn)
     y_ptrs = y_ptr + out_rows[:, None] * stride_ym + cols[None, :] * stride_yn
     if ACCUMULATE and EARLY_Y:
         y_next = tl.load(y_ptrs, mask=row_ok[:, None] & (cols < N)[None, :], other=0.0)
@@ -227,7 +212,7 @@ def _scatter_row_tile(
                 y_old = tl.load(y_ptrs, mask=mask, other=0.0)
         acc = tl.dot(a, w, input_precision=PRECISION)
         if ACCUMULATE:
-            if HAS_SCALE:  # one rounding, as in scatter_mm_kernel
+            if HAS_SCALE:  # one rounding (scatter_mm_kernel says why)
                 acc = tl.fma(acc, scale[:, None], y_old.to(tl.float32))
             else:
                 acc += y_old.to(tl.float32)
@@ -240,7 +225,7 @@ def _scatter_row_tile(
 
 
 # `slot` unspecialised: Triton would compile slot 1 (== 1) as a variant of its own beside
-# slots 2.., 20 compiles more for the 10 configs of the two scatters
+# slots 2.., one compile more for every config of each scatter
 @triton.jit(do_not_specialize=["slot"])
 def scatter_mm_kernel(
     a_ptr, w_ptr, y_ptr, tok_ptr, off_ptr, scale_ptr, order_ptr,
@@ -275,8 +260,13 @@ def scatter_mm_kernel(
                           stride_wk, stride_wn, stride_ym, stride_yn, HAS_SCALE, ACCUMULATE,
                           DOT_F32, PRECISION, BLOCK_M, BLOCK_N, BLOCK_K, N_TILES, EARLY_Y)
         return
-    rows, row_ok, cols, col_ok, y_ptrs, mask = _tile_to_tokens(
-        tok_ptr, y_ptr, row0, row_end, pid_n, N, stride_ym, stride_yn, BLOCK_M, BLOCK_N)
+    rows = row0 + tl.arange(0, BLOCK_M)
+    row_ok = rows < row_end
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_ok = cols < N
+    out_rows = tl.load(tok_ptr + rows, mask=row_ok, other=0).to(tl.int64)
+    y_ptrs = y_ptr + out_rows[:, None] * stride_ym + cols[None, :] * stride_yn
+    mask = row_ok[:, None] & col_ok[None, :]
     # slots before this one already wrote these tokens; no other program of this one does
     if ACCUMULATE and EARLY_Y:
         y_old = tl.load(y_ptrs, mask=mask, other=0.0)
@@ -290,9 +280,10 @@ def scatter_mm_kernel(
         if not EARLY_Y:
             y_old = tl.load(y_ptrs, mask=mask, other=0.0)
         if HAS_SCALE:
-            # scale * product + the earlier sums with one rounding, written out: the compiler
-            # fuses a multiply and an add only where both sit in one basic block, and every
-            # scatter path (one-tile programs, the N_TILES column loop) must get the same bits
+            # scale * product + the earlier sums with one rounding in every config, written
+            # out: the compiler fuses a multiply and an add only where both sit in one basic
+            # block, so the code around them would decide the last bit (run 4: a multiply
+            # and an add a branch apart differed from this by one bf16 ulp)
             acc = tl.fma(acc, scale[:, None], y_old.to(tl.float32))
         else:
             acc += y_old.to(tl.float32)
