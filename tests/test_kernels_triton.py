@@ -12,6 +12,7 @@ from kernels import moe_mlp
 from kernels.routing import make_routing
 from kernels.testing import (
     NO_GROUPED_MM,
+    TOLERANCE,
     assert_close,
     compare,
     dropout_bias,
@@ -138,6 +139,57 @@ def test_scatter_column_loop_matches_reference(monkeypatch, dtype):
     assert_close(compare(run_case(case, "triton"), reference_case(case)), dtype)
 
 
+def _scatter_with_config(monkeypatch, cfg, scaled, T, N, E, K, G, dtype, device) -> float:
+    """launch.scatter_mm with the scatter kernel launched at `cfg` (not autotuned): the
+    gate-scaled scatter (the forward's y) or a plain one through a transposed W (dx) ->
+    its relative error against float64."""
+    from kernels import triton_cvmm, triton_launch
+    from kernels.testing import rel_err
+
+    case = random_case(T=T, D=N, E=E, G=G, K=K, dtype=dtype, device=device, n_unused=1)
+    r = make_routing(case["expert_TK"], E)
+    a = torch.randn(T * K, G, device=device, dtype=dtype)
+    w = case["w2_EGD"] if scaled else case["w1_EDG"].transpose(1, 2)  # [E, G, N]
+    kw = {"scale": case["gate_TK"].reshape(-1), "order_R": r.order_R} if scaled else {}
+    monkeypatch.setattr(triton_launch, "_scatter_mm", triton_cvmm.scatter_mm_kernel)
+    monkeypatch.setattr(triton_launch, "_blocks", lambda **_: {
+        **cfg.kwargs, "num_warps": cfg.num_warps, "num_stages": cfg.num_stages})
+    y = triton_launch.scatter_mm(a, w, r.tok_R, r.off_S, T, **kw)
+    e_R = case["expert_TK"].reshape(-1)[r.order_R]
+    out = torch.zeros(T * K, N, dtype=torch.float64, device=device)
+    for e in range(E):
+        mine = e_R == e
+        out[mine] = a[mine].double() @ w[e].double()
+    if scaled:
+        out *= kw["scale"].double()[r.order_R, None]
+    want = torch.zeros(T, N, dtype=torch.float64, device=device)
+    return rel_err(y, want.index_add(0, r.tok_R.long(), out))
+
+
+def _column_loop_configs() -> list:
+    from kernels.triton_launch import SCATTER_CONFIGS
+
+    return [c for c in SCATTER_CONFIGS if c.kwargs.get("N_TILES", 1) > 1]
+
+
+def _config_id(cfg) -> str:
+    k = cfg.kwargs
+    return (f"{k['BLOCK_M']}x{k['BLOCK_N']}x{k['BLOCK_K']}-w{cfg.num_warps}s{cfg.num_stages}"
+            f"-n{k['N_TILES']}" + ("-early" if k.get("EARLY_Y") else ""))
+
+
+@pytest.mark.parametrize("scaled", [True, False])
+def test_scatter_at_a_column_loop_config(monkeypatch, scaled):
+    """The helper the GPU test below runs every column-loop config through, here with one of
+    them in the interpreter on a small case: 64-column tiles, 16 a loop, d_model 1100 (18
+    tiles: one whole loop, and one that ends in a part-filled tile and runs past N)."""
+    cfg = _column_loop_configs()[-1]
+    assert cfg.kwargs["N_TILES"] == 16 and cfg.kwargs["BLOCK_N"] == 64
+    err = _scatter_with_config(monkeypatch, cfg, scaled, T=21, N=1100, E=3, K=2, G=40,
+                               dtype=torch.float32, device=DEVICE)
+    assert err < 1e-5
+
+
 def test_triton_bf16_matches_reference():
     case = random_case(T=11, D=16, E=5, G=32, K=2, dtype=torch.bfloat16, device=DEVICE)
     assert_close(compare(run_case(case, "triton"), reference_case(case)), torch.bfloat16)
@@ -220,6 +272,20 @@ def test_gpu_bf16_large(backend):
         pytest.skip(f"{backend} not applicable on this GPU")
     case = random_case(T=4099, D=512, E=16, G=128, K=4, dtype=torch.bfloat16, device="cuda")
     assert_close(compare(run_case(case, backend), reference_case(case)), torch.bfloat16)
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("scaled", [True, False])
+@pytest.mark.parametrize("cfg", _column_loop_configs() if kernels.HAS_TRITON else [],
+                         ids=_config_id)
+def test_gpu_scatter_column_loop_configs(monkeypatch, cfg, scaled):
+    """Every column-loop config of the scatter on its own, bf16 (the autotuner took one for
+    every scatter at d_model 1024 on the H200; the tests above run the first config, which
+    is no loop): d_model 1000, a part-filled column tile and loops that run past N."""
+    err = _scatter_with_config(monkeypatch, cfg, scaled, T=4099, N=1000, E=16, K=4, G=128,
+                               dtype=torch.bfloat16, device="cuda")
+    assert err < TOLERANCE[torch.bfloat16], err
 
 
 @gpu
