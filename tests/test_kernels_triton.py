@@ -178,6 +178,7 @@ def _config_id(cfg) -> str:
             f"-n{k['N_TILES']}" + ("-early" if k.get("EARLY_Y") else ""))
 
 
+@pytest.mark.skipif(not kernels.TRITON_INTERPRET, reason="the interpreter's half (fp32)")
 @pytest.mark.parametrize("scaled", [True, False])
 def test_scatter_at_a_column_loop_config(monkeypatch, scaled):
     """The helper the GPU test below runs every column-loop config through, here with one of
