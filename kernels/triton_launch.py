@@ -324,11 +324,6 @@ def launch_kernel(kernel, grid, *args, **consts) -> None:
     kernel.fn.run(*args, grid=grid, warmup=False, **consts, **config.all_kwargs())
 
 
-# more block sizes of the scatter under the interpreter (the tests of its column loop set
-# N_TILES and a BLOCK_K that holds the whole reduction)
-INTERPRET_SCATTER: dict = {}
-
-
 def _blocks(**interpret_only) -> dict:
     """The block sizes under the interpreter (on a GPU the autotuner sets them)."""
     return {**_INTERPRET_BLOCKS, **interpret_only} if INTERPRET else {}
@@ -435,7 +430,7 @@ def scatter_mm(a_RK, w_EKN, tok_R, off_S, n_tokens, scale=None, order_R=None):
             a_RK.stride(0), a_RK.stride(1), *w_EKN.stride(), y.stride(0), y.stride(1),
             HAS_SCALE=scale is not None, ACCUMULATE=slot > 0, SEG_P2=_seg_p2(E),
             # the interpreter runs both ways of reading the earlier sums (odd / even slots)
-            **_dot_args(a_RK.dtype), **_blocks(EARLY_Y=slot % 2 == 1, **INTERPRET_SCATTER),
+            **_dot_args(a_RK.dtype), **_blocks(EARLY_Y=slot % 2 == 1),
         )
     return y
 

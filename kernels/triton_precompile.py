@@ -3,8 +3,8 @@
 Triton's autotuner compiles each config of a launch the first time it times it, one after
 the other: one sigma-MoE layer's forward and backward make 116 of them (the gather's two
 epilogues x 8 configs, four scatter variants x 21, two weight gradients x 8), at a quarter
-of a second to seconds each, and a benchmark's first steps spend minutes on that (on the H200 lease,
-minutes of 15).
+of a second to seconds each, and a benchmark's first steps spend minutes on that (on the
+H200 lease, minutes of 15).
 `precompile(fn)` runs fn() once with every autotuned launch replaced by the compiles of
 the configs it would time, with the same arguments (so the same specialisation: the
 autotuner's trials find them compiled), spread over a thread pool by Triton's

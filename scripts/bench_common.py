@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -139,6 +140,9 @@ def positive(text: str) -> int:
     return value
 
 
+CASE_KEYS = ("tokens", "d_model", "n_experts", "expert_size", "k")
+
+
 def add_case_args(parser, case: dict) -> None:
     """The one-case arguments of the Triton kernel benchmarks, `case`'s values as defaults
     (bench_moe.GPU_TARGET: issue 4's target case), and the dtype (bf16)."""
@@ -147,14 +151,9 @@ def add_case_args(parser, case: dict) -> None:
     parser.add_argument("--dtype", choices=list(DTYPES), default="bf16")
 
 
-CASE_KEYS = ("tokens", "d_model", "n_experts", "expert_size", "k")
-
-
 def case_record(device_name: str, args) -> dict:
     """The head of a Triton kernel benchmark's JSON: where it ran (device, torch, Triton)
     and the case of `add_case_args`."""
-    import sys
-
     return {"device": device_name, "torch": torch.__version__,
             "triton": getattr(sys.modules.get("triton"), "__version__", None),
             "dtype": args.dtype, "case": {k: getattr(args, k) for k in CASE_KEYS}}
@@ -200,7 +199,5 @@ def out_path(name: str, changed: list[str]) -> Path:
 
 
 if __name__ == "__main__":  # a library without a CLI: say which scripts measure
-    import sys
-
     sys.exit("error: scripts/bench_common.py is a library; benchmark with "
              "`python scripts/bench_moe.py` or `python scripts/bench_train.py`")

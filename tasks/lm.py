@@ -149,8 +149,8 @@ class LMTask:
         """Compile the Triton kernels of the model's expert layers ahead, in parallel, at
         this process's micro-batch (ExpertsConfig.precompile: one dry run a distinct layer
         config, on random inputs; the model, its memory and its statistics are untouched).
-        Without it the first step's autotuning compiles them one by one (80 a layer
-        shape). -> what each dry run said."""
+        Without it the first step's autotuning compiles them one by one (every autotune
+        config of every launch of a layer shape). -> what each dry run said."""
         tokens = self.cfg.batch_size // self.world_size // n_micro * self.cfg.context
         layers = dict.fromkeys(m.cfg for m in self.model.modules() if isinstance(m, ExpertsFFN))
         said = (cfg.precompile(tokens, self.device, dtype) for cfg in layers)

@@ -125,6 +125,21 @@ def test_triton_matches_reference(backend, K, dtype):
     assert_close(compare(run_case(case, backend), reference_case(case)), dtype)
 
 
+class _ScatterAt:
+    """A stand-in for triton_launch._scatter_mm: the scatter kernel launched with the
+    launcher's constexprs, `forced` over them (block sizes, N_TILES, num_warps, ...)."""
+
+    def __init__(self, **forced):
+        self.forced = forced
+
+    def __getitem__(self, grid):
+        from kernels.triton_cvmm import scatter_mm_kernel
+
+        def launch(*args, **consts):
+            scatter_mm_kernel[grid](*args, **{**consts, **self.forced})
+        return launch
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_scatter_column_loop_matches_reference(monkeypatch, dtype):
     """The scatter's N_TILES column loop (a program walks several column tiles with its A
@@ -133,7 +148,7 @@ def test_scatter_column_loop_matches_reference(monkeypatch, dtype):
     last loop half outside N), odd T, an unused expert. On a GPU the autotuner picks."""
     from kernels import triton_launch
 
-    monkeypatch.setattr(triton_launch, "INTERPRET_SCATTER", {"N_TILES": 2, "BLOCK_K": 32})
+    monkeypatch.setattr(triton_launch, "_scatter_mm", _ScatterAt(N_TILES=2, BLOCK_K=32))
     case = random_case(T=15, D=40, E=4, G=20, K=3, dtype=dtype, device=DEVICE, seed=3,
                        n_unused=1)
     assert_close(compare(run_case(case, "triton"), reference_case(case)), dtype)
@@ -143,7 +158,7 @@ def _scatter_with_config(monkeypatch, cfg, scaled, T, N, E, K, G, dtype, device)
     """launch.scatter_mm with the scatter kernel launched at `cfg` (not autotuned): the
     gate-scaled scatter (the forward's y) or a plain one through a transposed W (dx) ->
     its relative error against float64."""
-    from kernels import triton_cvmm, triton_launch
+    from kernels import triton_launch
     from kernels.testing import rel_err
 
     case = random_case(T=T, D=N, E=E, G=G, K=K, dtype=dtype, device=device, n_unused=1)
@@ -151,9 +166,8 @@ def _scatter_with_config(monkeypatch, cfg, scaled, T, N, E, K, G, dtype, device)
     a = torch.randn(T * K, G, device=device, dtype=dtype)
     w = case["w2_EGD"] if scaled else case["w1_EDG"].transpose(1, 2)  # [E, G, N]
     kw = {"scale": case["gate_TK"].reshape(-1), "order_R": r.order_R} if scaled else {}
-    monkeypatch.setattr(triton_launch, "_scatter_mm", triton_cvmm.scatter_mm_kernel)
-    monkeypatch.setattr(triton_launch, "_blocks", lambda **_: {
-        **cfg.kwargs, "num_warps": cfg.num_warps, "num_stages": cfg.num_stages})
+    monkeypatch.setattr(triton_launch, "_scatter_mm", _ScatterAt(
+        **{"EARLY_Y": False, **cfg.kwargs}, num_warps=cfg.num_warps, num_stages=cfg.num_stages))
     y = triton_launch.scatter_mm(a, w, r.tok_R, r.off_S, T, **kw)
     e_R = case["expert_TK"].reshape(-1)[r.order_R]
     out = torch.zeros(T * K, N, dtype=torch.float64, device=device)
