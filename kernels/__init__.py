@@ -146,12 +146,19 @@ def check_inputs(x_TD, expert_TK, gate_TK, w1_EDG, w2_EGD, hidden_dropout) -> No
 
 
 def moe_mlp(x_TD, expert_TK, gate_TK, w1_EDG, w2_EGD, hidden_dropout=0.0, training=False,
-            backend="auto"):
+            backend="auto", n_chunks=None):
     """y_t = sum_k gate[t,k] * W2[e_tk]^T dropout(relu(W1[e_tk]^T x_t)).
 
     x_TD [T, D], expert_TK int [T, K], gate_TK [T, K], w1_EDG [E, D, G], w2_EGD [E, G, D].
+    n_chunks: token chunks C of the routing (kernels/routing.py); None: the backend's own,
+    one per CPU worker thread for the torch path on a CPU, else 1. The Triton backends run
+    their scatters chunk by chunk (a chunk's K slot launches touch only its T/C output
+    rows); the reference ignores it.
     """
     check_inputs(x_TD, expert_TK, gate_TK, w1_EDG, w2_EGD, hidden_dropout)
+    if n_chunks is not None and not (isinstance(n_chunks, int) and n_chunks >= 1):
+        raise ValueError(f"moe_mlp: n_chunks={n_chunks!r} must be a whole number >= 1 "
+                         "(or None: the backend's choice)")
     if backend == "reference":  # runs on anything, in the inputs' own dtypes
         return moe_mlp_reference(x_TD, expert_TK, gate_TK, w1_EDG, w2_EGD, hidden_dropout,
                                  training)
@@ -159,10 +166,13 @@ def moe_mlp(x_TD, expert_TK, gate_TK, w1_EDG, w2_EGD, hidden_dropout=0.0, traini
     dtype = _compute_dtype(x_TD)  # the dtype the backend computes in decides which can
     x_TD, gate_TK, w1_EDG, w2_EGD = (t.to(dtype) for t in (x_TD, gate_TK, w1_EDG, w2_EGD))
     name = resolve_backend(backend, x_TD, w1_EDG, dropout)
-    # the torch path gives each CPU worker thread a token chunk of its own
-    # (kernels/routing.py); on an accelerator (CUDA, MPS) it runs one stream of ops
-    chunks = cpu_chunks() if name == "torch" and x_TD.device.type == "cpu" else 1
-    routing = make_routing(expert_TK, w1_EDG.shape[0], chunks)
+    if n_chunks is None:
+        # the torch path gives each CPU worker thread a token chunk of its own
+        # (kernels/routing.py); on an accelerator (CUDA, MPS) it runs one stream of ops
+        n_chunks = cpu_chunks() if name == "torch" and x_TD.device.type == "cpu" else 1
+    # the torch path walks (expert, chunk) blocks, the others (expert, slot) segments
+    routing = make_routing(expert_TK, w1_EDG.shape[0], n_chunks,
+                           chunks_in_slots=name != "torch")
     p = hidden_dropout if dropout else 0.0
     if name == "triton":
         return triton_ops.moe_mlp_triton(x_TD, gate_TK, w1_EDG, w2_EGD, routing)

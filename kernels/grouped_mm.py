@@ -40,7 +40,8 @@ def moe_mlp_grouped_mm(x_TD, gate_TK, w1_EDG, w2_EGD, routing, p=0.0, training=F
     T, K = gate_TK.shape
     # cumulative end row of every expert; contiguous: the CUDA kernel reads the raw pointer
     # (a strided view gives it the wrong boundaries; only the CPU fallback honours strides)
-    offs_E = routing.off_S[K::K].contiguous()
+    S = K * routing.n_chunks  # an expert's segments, in either order of kernels/routing.py
+    offs_E = routing.off_S[S::S].contiguous()
     xs_RD = x_TD[routing.tok_R.long()]
     h_RG = F.relu(torch._grouped_mm(xs_RD, w1_EDG, offs=offs_E))
     h_RG = F.dropout(h_RG, p, training)

@@ -35,14 +35,15 @@ def random_case(T, D, E, G, K, dtype=torch.float32, device="cpu", seed=0, n_unus
     return case
 
 
-def run_case(case, backend, hidden_dropout=0.0, training=False, dtype=None):
+def run_case(case, backend, hidden_dropout=0.0, training=False, dtype=None, n_chunks=None):
     """-> (y, (dx, dgate, dw1, dw2)) of `moe_mlp` on `case` (cast to `dtype` if given)."""
     from kernels import moe_mlp  # late: kernels/__init__ imports this module's siblings
 
     leaves = [case[k] for k in ("x_TD", "gate_TK", "w1_EDG", "w2_EGD")]
     leaves = [t.detach().to(dtype or t.dtype).requires_grad_() for t in leaves]
     x, gate, w1, w2 = leaves
-    y = moe_mlp(x, case["expert_TK"], gate, w1, w2, hidden_dropout, training, backend=backend)
+    y = moe_mlp(x, case["expert_TK"], gate, w1, w2, hidden_dropout, training, backend=backend,
+                n_chunks=n_chunks)
     grads = torch.autograd.grad(y, leaves, case["gy_TD"].to(y.dtype))
     return y.detach(), grads
 

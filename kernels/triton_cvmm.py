@@ -12,7 +12,8 @@ layer (Eq. `moe_out`) and its backward:
 - `scatter_mm_kernel`: Y[tok[r]] (+)= scale_r * (A[r] @ W[e_r]) for the rows of ONE slot k.
   Launched for k = 0..K-1 in order: inside a slot every token occurs once, so the K expert
   outputs of a token are summed in a fixed order, in place, with no atomics and no
-  T*K*D buffer (the down-projection, and the input gradient of any gathered CVMM).
+  T*K*D buffer (the down-projection, and the input gradient of any gathered CVMM). With
+  C token chunks, chunk by chunk: a chunk's K launches touch only its output rows.
 - `wgrad_kernel`: dW[e] = sum_{r of e} A[ia_r]^T B[ib_r]. One program owns one
   (expert, output tile) and walks that expert's rows in order: deterministic, no atomics
   (the original and its Triton successor used atomics).
@@ -29,25 +30,27 @@ import triton.language as tl
 EPI_NONE, EPI_RELU, EPI_GATE_RELU_BWD = 0, 1, 2
 
 
-def _segment_tile(pid_m, off_ptr, n_seg, seg_stride, seg_first, reverse,
+def _segment_tile(pid_m, off_ptr, n_seg, seg_stride, seg_first, seg_len, reverse,
                   BLOCK_M: tl.constexpr, SEG_P2: tl.constexpr):
     """Row tile number pid_m of the segments s < n_seg, each cut into BLOCK_M-row tiles.
 
-    Segment s spans rows off[s*seg_stride + seg_first] : off[s*seg_stride + seg_first + 1]
-    (one (expert, slot) segment of kernels/routing.py). Tiles are numbered round by round --
-    tile 0 of every segment, then tile 1 of every segment, ... -- so the programs running at
-    the same time cover the same token range in every expert and slot (rows are token-sorted
-    inside a segment): L2 serves each gathered x / dy row once for its K uses, and the slot
-    kernel's output rows are written by programs close in time. `reverse` numbers from the
-    end: alternate slots of the scatter kernel first re-read the output rows that the
-    previous slot wrote last (still in L2). Computed in-kernel (no host-side tile table) so
-    that BLOCK_M can be autotuned; the binary search takes log2(tiles per segment) steps.
+    Segment s spans rows off[s*seg_stride + seg_first] : off[s*seg_stride + seg_first +
+    seg_len]: seg_len consecutive segments of kernels/routing.py (the gather's (expert,
+    slot) segment is C chunk sub-segments, a scatter launch takes one of them). Tiles are
+    numbered round by round -- tile 0 of every segment, then tile 1 of every segment, ... --
+    so the programs running at the same time cover the same token range in every expert and
+    slot (rows are token-sorted inside a segment): L2 serves each gathered x / dy row once
+    for its K uses, and the slot kernel's output rows are written by programs close in time.
+    `reverse` numbers from the end: alternate launches of the scatter kernel first re-read
+    the output rows that the launch before wrote last (still in L2). Computed in-kernel (no
+    host-side tile table) so that BLOCK_M can be autotuned; the binary search takes
+    log2(tiles per segment) steps.
     -> (s, first row of the tile, end row of s); s == n_seg when there is no such tile.
     """
     s = tl.arange(0, SEG_P2)
     valid = s < n_seg
     start = tl.load(off_ptr + s * seg_stride + seg_first, mask=valid, other=0)
-    end = tl.load(off_ptr + s * seg_stride + seg_first + 1, mask=valid, other=0)
+    end = tl.load(off_ptr + s * seg_stride + seg_first + seg_len, mask=valid, other=0)
     n_blk = tl.where(valid, (end - start + BLOCK_M - 1) // BLOCK_M, 0)
     total = tl.sum(n_blk, 0)
     pid_m = pid_m + reverse * (total - 1 - 2 * pid_m)  # arithmetic: `reverse` may be constexpr
@@ -109,7 +112,7 @@ def _rows_times_expert(
 def gather_mm_kernel(
     a_ptr, w_ptr, c_ptr, tok_ptr, off_ptr,
     h_ptr, gate_ptr, order_ptr, gpart_ptr, gh_ptr,  # EPI_GATE_RELU_BWD only
-    n_exp, n_slots, N, KD, stride_gpart,
+    n_exp, n_slots, n_chunks, N, KD, stride_gpart,
     stride_am, stride_ak, stride_we, stride_wk, stride_wn, stride_cm, stride_cn,
     EPILOGUE: tl.constexpr, DOT_F32: tl.constexpr,
     PRECISION: tl.constexpr, SEG_P2: tl.constexpr,
@@ -125,9 +128,10 @@ def gather_mm_kernel(
     n_tiles_n = tl.cdiv(N, BLOCK_N)
     pid_n = pid % n_tiles_n  # N tiles innermost: neighbours share the A rows in L2
     pid_m = pid // n_tiles_n
-    # slot segments (not whole experts): tiles of all K slots of a token range run together
-    seg, row0, row_end = _segment_tile(pid_m, off_ptr, n_exp * n_slots, 1, 0, 0, BLOCK_M,
-                                       SEG_P2)
+    # slot segments (not whole experts): tiles of all K slots of a token range run together;
+    # with token chunks (chunks_in_slots routing) a slot segment is n_chunks sub-segments
+    seg, row0, row_end = _segment_tile(pid_m, off_ptr, n_exp * n_slots, n_chunks, 0,
+                                       n_chunks, 0, BLOCK_M, SEG_P2)
     if seg >= n_exp * n_slots:
         return
     e = seg // n_slots
@@ -224,19 +228,21 @@ def _scatter_row_tile(
         y_ptrs += BLOCK_N * stride_yn
 
 
-# `slot` unspecialised: Triton would compile slot 1 (== 1) as a variant of its own beside
-# slots 2.., one compile more for every config of each scatter
-@triton.jit(do_not_specialize=["slot"])
+# unspecialised: Triton would compile `seg` or `reverse` of 1 as a variant of its own, and
+# segs_per_expert (K*C) 16 or 32 as one with 16-divisible offsets, one compile more for
+# every config of each scatter
+@triton.jit(do_not_specialize=["segs_per_expert", "seg", "reverse"])
 def scatter_mm_kernel(
     a_ptr, w_ptr, y_ptr, tok_ptr, off_ptr, scale_ptr, order_ptr,
-    n_exp, n_slots, slot, N, KD,
+    n_exp, segs_per_expert, seg, reverse, N, KD,
     stride_am, stride_ak, stride_we, stride_wk, stride_wn, stride_ym, stride_yn,
     HAS_SCALE: tl.constexpr, ACCUMULATE: tl.constexpr, DOT_F32: tl.constexpr,
     PRECISION: tl.constexpr, SEG_P2: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     EARLY_Y: tl.constexpr = False, N_TILES: tl.constexpr = 1,
 ):
-    """Y[tok[r], :] (+)= scale[order[r]] * (A[r, :] @ W[e_r]) for the rows r of one slot.
+    """Y[tok[r], :] (+)= scale[order[r]] * (A[r, :] @ W[e_r]) for the rows r of one slot
+    (of one token chunk): segment `seg` of every expert, off[e*segs_per_expert + seg].
 
     EARLY_Y (an autotuned choice): read the earlier slots' sums before the product (in the
     column loop: one tile ahead), so the read overlaps it, at the cost of registers (fewer
@@ -250,7 +256,7 @@ def scatter_mm_kernel(
     n_tiles_n = tl.cdiv(tl.cdiv(N, BLOCK_N), N_TILES)  # column tiles (of N_TILES) per row tile
     pid_n = pid % n_tiles_n
     pid_m = pid // n_tiles_n
-    e, row0, row_end = _segment_tile(pid_m, off_ptr, n_exp, n_slots, slot, slot % 2,
+    e, row0, row_end = _segment_tile(pid_m, off_ptr, n_exp, segs_per_expert, seg, 1, reverse,
                                      BLOCK_M, SEG_P2)
     if e >= n_exp:
         return
@@ -295,7 +301,7 @@ def scatter_mm_kernel(
 @triton.jit
 def wgrad_kernel(
     a_ptr, b_ptr, dw_ptr, tok_ptr, off_ptr,
-    n_slots, M, N,
+    segs_per_expert, M, N,
     stride_am, stride_ak, stride_bm, stride_bn, stride_we, stride_wm, stride_wn,
     GATHER_A: tl.constexpr, GATHER_B: tl.constexpr,
     DOT_F32: tl.constexpr, PRECISION: tl.constexpr,
@@ -311,8 +317,8 @@ def wgrad_kernel(
     n_tiles_n = tl.cdiv(N, BLOCK_N)
     pid_m = pid // n_tiles_n
     pid_n = pid % n_tiles_n
-    start = tl.load(off_ptr + e * n_slots)
-    end = tl.load(off_ptr + (e + 1) * n_slots)
+    start = tl.load(off_ptr + e * segs_per_expert)
+    end = tl.load(off_ptr + (e + 1) * segs_per_expert)
     ms = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     ns = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     m_ok = ms < M

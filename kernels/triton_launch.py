@@ -12,7 +12,8 @@ per-launch bookkeeping (`launch_kernel`). Under TRITON_INTERPRET=1 (CPU tests) a
 skipped -- it would time every config in the interpreter -- and one small block config
 runs, with every tile upcast to fp32.
 
-Shapes: tok_R int32 [R], off_S int32 [E*K+1] (kernels/routing.py), W[e, k, n] any strides.
+Shapes: tok_R int32 [R], off_S int32 [E*K*C+1] (kernels/routing.py; C token chunks in the
+chunks_in_slots order), W[e, k, n] any strides.
 """
 from __future__ import annotations
 
@@ -271,10 +272,11 @@ def _autotune(kernel, configs, key, prune, **hooks):
 # timing trial wrote would be summed into the gate gradient: zeroed before every run
 _gather_mm = _autotune(gather_mm_kernel, MM_CONFIGS, ["N", "KD", "EPILOGUE", "PRECISION"],
                        _prune_to_smem, reset_to_zero=["gpart_ptr"])
-# the slot kernel reads what it writes: every timing trial must start from the same Y
+# the slot kernel reads what it writes: every timing trial must start from the same Y.
+# segs_per_expert (K*C) keys token chunks apart: a chunk's launches have 1/C of the rows
 _scatter_mm = _autotune(scatter_mm_kernel, SCATTER_CONFIGS,
-                        ["N", "KD", "HAS_SCALE", "ACCUMULATE", "PRECISION"], _prune_to_smem,
-                        restore_value=["y_ptr"])
+                        ["N", "KD", "HAS_SCALE", "ACCUMULATE", "PRECISION", "segs_per_expert"],
+                        _prune_to_smem, restore_value=["y_ptr"])
 _wgrad = _autotune(wgrad_kernel, WGRAD_CONFIGS, ["M", "N", "GATHER_A", "GATHER_B", "PRECISION"],
                    _prune_wgrad_to_smem)
 
@@ -363,8 +365,18 @@ def _seg_p2(n_seg: int) -> int:
     return max(MIN_SEG_P2, next_power_of_2(n_seg))
 
 
-def _n_slots(off_S: torch.Tensor, n_exp: int) -> int:
+def _segs_per_expert(off_S: torch.Tensor, n_exp: int) -> int:
+    """K*C: an expert's rows are off_S[e*K*C] : off_S[(e+1)*K*C]."""
     return (off_S.numel() - 1) // n_exp
+
+
+def _slots(off_S: torch.Tensor, n_exp: int, n_chunks: int) -> int:
+    """K, from a routing of C = n_chunks token chunks (ValueError if they do not divide)."""
+    S = _segs_per_expert(off_S, n_exp)
+    if n_chunks < 1 or S % n_chunks:
+        raise ValueError(f"n_chunks={n_chunks} does not divide the {S} segments an expert "
+                         "has in this routing")
+    return S // n_chunks
 
 
 def _on_tensor_device(launch):
@@ -379,11 +391,13 @@ def _on_tensor_device(launch):
 
 
 @_on_tensor_device
-def gather_mm(a, w_EKN, tok_R, off_S, epilogue=EPI_NONE, h=None, gate=None, order_R=None):
+def gather_mm(a, w_EKN, tok_R, off_S, epilogue=EPI_NONE, h=None, gate=None, order_R=None,
+              n_chunks=1):
     """C[r] = epi(A[tok[r]] @ W[e_r]) -> C [R, N]; EPI_GATE_RELU_BWD: -> (C, d gate partials
-    [N / 64, R], gate*h [R, N])."""
+    [N / 64, R], gate*h [R, N]). n_chunks: the routing's C (chunks_in_slots)."""
     E, KD, N = w_EKN.shape
     R = tok_R.numel()
+    K = _slots(off_S, E, n_chunks)
     c = torch.empty(R, N, dtype=a.dtype, device=a.device)
     gpart = gh = None
     if epilogue == EPI_GATE_RELU_BWD:
@@ -392,41 +406,46 @@ def gather_mm(a, w_EKN, tok_R, off_S, epilogue=EPI_NONE, h=None, gate=None, orde
                             device=a.device)
         gh = torch.empty_like(c)
     dummy = c  # pointer arguments the chosen epilogue never reads
+    # tiles of the E*K (expert, slot) segments: at most one partial tile each
     grid = lambda META: (  # noqa: E731
-        (cdiv(R, META["BLOCK_M"]) + off_S.numel() - 1) * cdiv(N, META["BLOCK_N"]),)
+        (cdiv(R, META["BLOCK_M"]) + E * K) * cdiv(N, META["BLOCK_N"]),)
     launch_kernel(
         _gather_mm, grid,
         a, w_EKN, c, tok_R, off_S,
         h if h is not None else dummy, gate if gate is not None else dummy,
         order_R if order_R is not None else tok_R, gpart if gpart is not None else dummy,
         gh if gh is not None else dummy,
-        E, _n_slots(off_S, E), N, KD, R,
+        E, K, n_chunks, N, KD, R,
         a.stride(0), a.stride(1), *w_EKN.stride(), c.stride(0), c.stride(1),
-        EPILOGUE=epilogue, SEG_P2=_seg_p2(off_S.numel() - 1),
+        EPILOGUE=epilogue, SEG_P2=_seg_p2(E * K),
         **_dot_args(a.dtype), **_blocks(),
     )
     return c if gpart is None else (c, gpart, gh)
 
 
 @_on_tensor_device
-def scatter_mm(a_RK, w_EKN, tok_R, off_S, n_tokens, scale=None, order_R=None):
+def scatter_mm(a_RK, w_EKN, tok_R, off_S, n_tokens, scale=None, order_R=None, n_chunks=1):
     """Y[t] = sum over the K rows r of token t of scale_r * (A[r] @ W[e_r]) -> Y [T, N].
 
     One launch per slot, in slot order, each adding onto the last: a fixed summation order.
+    With C = n_chunks token chunks (a chunks_in_slots routing), chunk by chunk: a chunk's K
+    launches read and write only its T/C output rows, which L2 may hold between them.
     Y is accumulated in A's dtype (like the per-expert reference's index_add).
     """
     E, KD, N = w_EKN.shape
-    K = _n_slots(off_S, E)
+    S = _segs_per_expert(off_S, E)
+    K = _slots(off_S, E, n_chunks)
     y = torch.empty(n_tokens, N, dtype=a_RK.dtype, device=a_RK.device)
-    grid = lambda META: (  # noqa: E731
-        (cdiv(n_tokens, META["BLOCK_M"]) + E)
+    grid = lambda META: (  # noqa: E731  (a chunk holds at most ceil(T / C) tokens)
+        (cdiv(cdiv(n_tokens, n_chunks), META["BLOCK_M"]) + E)
         * cdiv(cdiv(N, META["BLOCK_N"]), META.get("N_TILES", 1)),)
-    for slot in range(K):
+    for i in range(S):
+        chunk, slot = divmod(i, K)
         launch_kernel(
             _scatter_mm, grid,
             a_RK, w_EKN, y, tok_R, off_S,
             scale if scale is not None else y, order_R if order_R is not None else tok_R,
-            E, K, slot, N, KD,
+            E, S, slot * n_chunks + chunk, i % 2, N, KD,
             a_RK.stride(0), a_RK.stride(1), *w_EKN.stride(), y.stride(0), y.stride(1),
             HAS_SCALE=scale is not None, ACCUMULATE=slot > 0, SEG_P2=_seg_p2(E),
             # the interpreter runs both ways of reading the earlier sums (odd / even slots)
@@ -445,7 +464,7 @@ def wgrad(a, b, tok_R, off_S, n_exp, gather_a, gather_b, dtype=None):
     launch_kernel(
         _wgrad, grid,
         a, b, dw, tok_R, off_S,
-        _n_slots(off_S, n_exp), M, N,
+        _segs_per_expert(off_S, n_exp), M, N,
         a.stride(0), a.stride(1), b.stride(0), b.stride(1), *dw.stride(),
         GATHER_A=gather_a, GATHER_B=gather_b,
         **_dot_args(a.dtype), **_blocks(),

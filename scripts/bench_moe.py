@@ -61,6 +61,11 @@ BACKENDS = ("triton", "triton_unfused", "grouped_mm", "torch", "reference")
 # layers that run with no host sync, so that a CUDA graph captures them; the torch path and
 # the per-expert loop read routing counts on the host (.tolist(), nonzero)
 GRAPHABLE = {"dense", "dense_nobias", "triton", "triton_unfused", "grouped_mm"}
+
+
+def graphable(layer: str) -> bool:
+    """Whether a layer of `make_layers` runs without a host sync ("triton C=2": triton's)."""
+    return layer.split(" ")[0] in GRAPHABLE
 # issue 4's GPU targets at the paper's shape (bf16): fused Triton layer / dense MLP time,
 # grouped_mm / Triton time, time / roofline, peak memory / the dense MLP's
 GPU_TARGET = {"d_model": 1024, "n_experts": 32, "expert_size": 128, "k": 4, "tokens": 32768}
@@ -107,9 +112,10 @@ def peak_mb(fn, device) -> float | None:
 
 
 def make_layers(c: dict, T: int, K: int, device: str, dtype: torch.dtype, backends,
-                extras=False):
+                extras=False, chunks=()):
     """name -> callable(saved=None) running forward+backward of that layer; given a dict,
-    it records the activations the forward saves for the backward (inputs excluded)."""
+    it records the activations the forward saves for the backward (inputs excluded).
+    chunks: for each C, a layer "triton C=<C>", the fused one with C token chunks."""
     D, E, G, F = c["d_model"], c["n_experts"], c["expert_size"], c["d_ff"]
     gen = dict(device=device, dtype=dtype)
     x = torch.randn(T, D, **gen).requires_grad_()
@@ -130,13 +136,14 @@ def make_layers(c: dict, T: int, K: int, device: str, dtype: torch.dtype, backen
     def dense_nobias():
         return torch.relu(x @ W1.T) @ W2.T, (x, W1, W2)
 
-    def moe(backend):
+    def moe(backend, n_chunks=None):
         # the sigma-MoE selection as models/ffn/experts.py makes it (Triton top-K on CUDA)
         select = kernels.selection_backend(backend)
 
         def forward():
             gate, expert = kernels.topk(torch.sigmoid(x @ w3.T), K, backend=select)
-            return kernels.moe_mlp(x, expert, gate, w1, w2, backend=backend), (x, w1, w2, w3)
+            y = kernels.moe_mlp(x, expert, gate, w1, w2, backend=backend, n_chunks=n_chunks)
+            return y, (x, w1, w2, w3)
         return forward
 
     def layer(forward):
@@ -165,7 +172,8 @@ def make_layers(c: dict, T: int, K: int, device: str, dtype: torch.dtype, backen
 
         extra = {"dense_nobias": layer(dense_nobias), "torch_experts_only": layer(experts_only)}
     return {"dense": layer(dense), **extra,
-            **{b: layer(moe(b)) for b in backends}}
+            **{b: layer(moe(b)) for b in backends},
+            **{f"triton C={n}": layer(moe("triton", n)) for n in chunks}}
 
 
 def saved_mb(fn) -> float:
@@ -212,7 +220,7 @@ def bench_case(c, args, device, dtype, backends, peaks, extras=False) -> dict:
     layers = make_layers(c, T, K, device, dtype, backends, extras)
     precompile(*(fn for name, fn in layers.items() if name.startswith("triton")))
     times = time_all(layers, device, args.warmup, args.reps)
-    graphed = (graph_times({n: fn for n, fn in layers.items() if n in GRAPHABLE},
+    graphed = (graph_times({n: fn for n, fn in layers.items() if graphable(n)},
                            args.warmup, args.reps) if device == "cuda" and args.graphs else {})
     f_dense, f_moe = flops(c, T, K)
     b_dense, b_moe = bytes_moved(c, T, K, torch.finfo(dtype).bits // 8)

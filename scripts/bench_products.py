@@ -9,7 +9,7 @@ expert blocks), and beside itself on rearranged inputs that isolate one cause.
   gather fwd   x rows gathered, ReLU         rows pre-gathered (tok[r] = r)   bmm
   wgrad dW1    an expert's rows slot by slot token-interleaved (C chunks)     bmm
   wgrad dW2    (the same two orders)                                          bmm
-  scatter fwd  K slot launches, gate scale   -                                bmm (no RMW)
+  scatter fwd  K slot launches, gate scale   chunk by chunk (C token chunks)  bmm (no RMW)
 
 What each comparison answers (benchmarks/gpu_h200.md items 8 and 9):
 - gather: pre-gathered rows against bmm (both read the R x D gathered rows, 4x x's bytes)
@@ -21,7 +21,11 @@ What each comparison answers (benchmarks/gpu_h200.md items 8 and 9):
   routing's token chunks (kernels/routing.py, `make_routing(n_chunks=C)`) order an
   expert's rows (chunk, slot, token), so the K reads come close in time: a faster
   interleaved order says they came from DRAM, and the layer's wgrad should walk that order.
-- scatter: its time over bmm's is what the read-modify-write of the token rows costs.
+- scatter: its time over bmm's is what the read-modify-write of the token rows costs. Its
+  K launches each read and write all T output rows (67 MB at the target case, more than
+  the L2 holds); chunk by chunk (`moe_mlp(n_chunks=C)`, a chunks_in_slots routing) a
+  chunk's K launches touch only its T/C rows: a faster chunked scatter says the rows came
+  from DRAM between launches, and the layer should run chunk by chunk.
 
 Beside each Triton variant: what its tiles move through L2 (`L2 MB`, the model of
 benchmarks/gpu_h200.md item 13 for the block sizes its autotuner chose: each tile loads a
@@ -159,8 +163,9 @@ def l2_bytes(product: str, blocks: dict, seg_rows: list[int], D: int, G: int, E:
     return elem * total
 
 
-def product_blocks(dtype: torch.dtype, D: int, G: int) -> dict:
-    """Launch kind -> the (BLOCK_M, BLOCK_N, N_TILES) its autotuner chose at this case."""
+def product_blocks(dtype: torch.dtype, D: int, G: int, K: int) -> dict:
+    """Launch kind -> the (BLOCK_M, BLOCK_N, N_TILES) its autotuner chose at this case (the
+    layer's launches: no token chunks, K segments an expert)."""
     p = L._dot_args(dtype)["PRECISION"]
     return {
         "gather": chosen_blocks(L._gather_mm, dict(N=G, KD=D, EPILOGUE=EPI_RELU, PRECISION=p)),
@@ -169,9 +174,11 @@ def product_blocks(dtype: torch.dtype, D: int, G: int) -> dict:
         "wgrad dW2": chosen_blocks(L._wgrad, dict(M=G, N=D, GATHER_A=False, GATHER_B=True,
                                                   PRECISION=p)),
         "slot 0": chosen_blocks(L._scatter_mm, dict(N=D, KD=G, HAS_SCALE=True,
-                                                    ACCUMULATE=False, PRECISION=p)),
+                                                    ACCUMULATE=False, PRECISION=p,
+                                                    segs_per_expert=K)),
         "slot k": chosen_blocks(L._scatter_mm, dict(N=D, KD=G, HAS_SCALE=True,
-                                                    ACCUMULATE=True, PRECISION=p)),
+                                                    ACCUMULATE=True, PRECISION=p,
+                                                    segs_per_expert=K)),
     }
 
 
@@ -180,6 +187,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     add_case_args(p, GPU_TARGET)
     p.add_argument("--chunks", type=positive, nargs="+", default=[4, 16, 64],
                    help="token chunks C of the interleaved wgrad orders (default 4 16 64)")
+    p.add_argument("--scatter-chunks", type=positive, nargs="*", default=[2, 4],
+                   help="token chunks C of the chunk-by-chunk scatters (default 2 4)")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--reps", type=positive, default=20)
     p.add_argument("--out", type=Path, help="JSON path (default runs/bench/products_<gpu>.json)")
@@ -225,9 +234,12 @@ def products(args, device) -> tuple[dict[str, dict], list[int]]:
         "wgrad dW1": {LAYER: lambda: wgrad(x, gpre, tok, off, E, True, False)},
         "wgrad dW2": {LAYER: lambda: wgrad(gh, dy, tok, off, E, False, True)},
         "scatter fwd": {
-            LAYER: lambda: scatter_mm(gh, w2, tok, off, T, scale=gate, order_R=rt.order_R),
-            BMM: lambda: torch.bmm(ghb, w2)},
+            LAYER: lambda: scatter_mm(gh, w2, tok, off, T, scale=gate, order_R=rt.order_R)},
     }
+    for c in args.scatter_chunks:  # the same rows in the same order, finer segments
+        rc = make_routing(expert_TK, E, n_chunks=c, chunks_in_slots=True)
+        out["scatter fwd"][f"chunked C={c}"] = lambda rc=rc, c=c: scatter_mm(
+            gh, w2, tok, rc.off_S, T, scale=gate, order_R=rt.order_R, n_chunks=c)
     for c in args.chunks:
         rc = make_routing(expert_TK, E, n_chunks=c)
         gpre_c, gh_c = gpre_F[rc.order_R], gh_F[rc.order_R]
@@ -236,6 +248,7 @@ def products(args, device) -> tuple[dict[str, dict], list[int]]:
                                                                 True, False)
         out["wgrad dW2"][name] = lambda rc=rc, g=gh_c: wgrad(g, dy, rc.tok_R, rc.off_S, E,
                                                               False, True)
+    out["scatter fwd"][BMM] = lambda: torch.bmm(ghb, w2)
     out["wgrad dW1"][BMM] = lambda: torch.bmm(xb.transpose(1, 2), gpreb)
     out["wgrad dW2"][BMM] = lambda: torch.bmm(ghb.transpose(1, 2), dyb)
     return out, rt.off_S.diff().tolist()
@@ -284,7 +297,7 @@ def main(argv=None) -> dict:
             print(f"L2 probe: {PROBE_MB} MB read {PROBE_REPS} times, {probe:.2f} TB/s")
         except Exception as err:  # (a probe that fails costs its line only)
             print(f"L2 probe failed ({type(err).__name__}: {err})")
-    blocks = product_blocks(dtype, D, G)
+    blocks = product_blocks(dtype, D, G, K)
     out = {**case_record(name, args), "timing": "cuda graph replays" if cuda else "eager",
            "flops": flops, "l2_probe_tb_s": probe, "l2_blocks": blocks, "results": []}
     print(f"{'product':12} {'variant':20} {'ms':>8} {'TFLOP/s':>8} {'x layer':>8} {'x bmm':>7} "
@@ -299,9 +312,10 @@ def main(argv=None) -> dict:
         row["x_bmm"], row["x_bmm_quartiles"] = paired_ratio(times, ms[prod, BMM])
         l2 = ""
         # the same launches on other rows: the same tiles, the same bytes (none where a
-        # tuner's choice was not found)
+        # tuner's choice was not found; none for the chunked scatters, tuned apart, whose
+        # question is DRAM between launches, not L2)
         moved = (l2_bytes(prod, blocks, seg_rows, D, G, E, K, dtype.itemsize)
-                 if variant != BMM else None)
+                 if variant != BMM and not variant.startswith("chunked") else None)
         if moved is not None:
             row["l2_mb"] = moved / 1e6
             row["l2_tb_s"] = row["l2_mb"] / row["ms"] / 1e3  # MB / ms = GB/s

@@ -6,7 +6,8 @@
 #            the fused Triton layer, the unfused one and grouped_mm. Each is checked against
 #            the float64 reference first, then timed eager and as CUDA-graph replays, and
 #            the four targets are judged.
-#   profile  GPU time per kernel of those layers (profile_moe.py)
+#   profile  GPU time per kernel of those layers, and of the fused layer with its scatters
+#            in 2 and 4 token chunks (profile_moe.py --chunks)
 #   products each of the layer's products beside cuBLAS's bmm of its FLOPs and beside itself
 #            on rearranged rows: pre-gathered, token-interleaved (bench_products.py)
 #   tests    the kernel tests, the `gpu` ones included
@@ -96,7 +97,7 @@ print(torch.__version__, triton.__version__, numpy.__version__, torch.cuda.get_d
 run moe "${MOE_LIMIT:-150}" "$py" scripts/bench_moe.py --check --sweeps \
   --backends triton triton_unfused grouped_mm --out "$res/moe.json"
 run profile "${PROFILE_LIMIT:-60}" "$py" scripts/profile_moe.py \
-  --backends triton triton_unfused grouped_mm --out "$res/profile.json"
+  --backends triton triton_unfused grouped_mm --chunks 2 4 --out "$res/profile.json"
 # the layer's launches take the configs the steps before tuned (Triton's disk cache)
 run products "${PRODUCTS_LIMIT:-90}" "$py" scripts/bench_products.py --out "$res/products.json"
 # the ahead-of-time compile tests need no GPU (CI runs them)
@@ -112,14 +113,15 @@ run tests "${TESTS_LIMIT:-200}" "$py" -m pytest -q -p no:cacheprovider "${worker
   -m "${TESTS_MARK:-not slow}" -k "not hopper and not smem_estimate and not spills"
 run train "${TRAIN_LIMIT:-120}" "$py" scripts/bench_train.py --reps 5 --profile 12 \
   --out "$res/train.json"
-# one forward+backward of the dense and the fused layer under ncu (the profile step filled
+# one forward+backward of the dense and the fused layer (also in 4 token chunks: does the
+# scatter's DRAM traffic fall?) under ncu (the profile step filled
 # Triton's autotune cache: no tuning runs under it), then the counters as a table
 run ncu "${NCU_LIMIT:-120}" bash -c "command -v ncu >/dev/null || { echo 'no ncu here: skipped'; \
 exit 0; }; ncu --profile-from-start off --clock-control none --section SpeedOfLight \
 --section MemoryWorkloadAnalysis --section Occupancy --section WarpStateStats --section LaunchStats \
 --metrics dram__bytes.sum,lts__t_bytes.sum,lts__throughput.avg.pct_of_peak_sustained_elapsed --print-units base --csv --page raw \
 --log-file '$res/ncu.csv' \
-$py scripts/profile_moe.py --backends triton --ncu \
+$py scripts/profile_moe.py --backends triton --chunks 4 --ncu \
 && $py scripts/ncu_table.py '$res/ncu.csv' --out '$res/ncu.json'"
 run sweep "${SWEEP_LIMIT:-200}" "$py" scripts/bench_moe.py --no-target --sweeps dmodel_g128 \
   --backends triton grouped_mm --out "$res/moe_dmodel_g128.json"

@@ -11,6 +11,7 @@ targets.
 
     python scripts/profile_moe.py                       # issue 4's target case, bf16
     python scripts/profile_moe.py --d-model 512 --backends triton grouped_mm
+    python scripts/profile_moe.py --chunks 2 4          # + the fused layer in token chunks
 
 Needs torch (+ triton) and a CUDA device; no Hydra. JSON to runs/bench/ (or --out).
 """
@@ -44,7 +45,7 @@ from scripts.bench_common import (  # noqa: E402
 from scripts.bench_moe import (  # noqa: E402
     BACKENDS,
     GPU_TARGET,
-    GRAPHABLE,
+    graphable,
     make_layers,
 )
 
@@ -54,7 +55,7 @@ def host_and_graph_ms(layer_name: str, fn, reps: int) -> dict[str, float | None]
     `host_ms` (the CPU time to issue it, GPU kept busy; when it is near wall_ms the eager
     layer waits on Python, not on the GPU) and `graph_ms` (a CUDA graph replay of it: the
     GPU time alone, median of `reps` replays; None for the layers that sync with the host:
-    bench_moe.GRAPHABLE)."""
+    bench_moe.graphable)."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     sync("cuda")
     start.record()
@@ -65,7 +66,7 @@ def host_and_graph_ms(layer_name: str, fn, reps: int) -> dict[str, float | None]
     end.record()
     end.synchronize()
     out = {"wall_ms": start.elapsed_time(end) / reps, "host_ms": host, "graph_ms": None}
-    if layer_name in GRAPHABLE:
+    if graphable(layer_name):
         out["graph_ms"] = statistics.median(graph_times({layer_name: fn}, 1, reps)[layer_name])
     return out
 
@@ -87,6 +88,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--d-ff", type=positive, help="the dense MLP's (default N_E * G)")
     p.add_argument("--backends", nargs="+", choices=BACKENDS,
                    default=["triton", "triton_unfused", "grouped_mm"])
+    p.add_argument("--chunks", type=positive, nargs="*", default=[],
+                   help="also the fused Triton layer with C token chunks (layer 'triton C=<C>': "
+                        "its scatters chunk by chunk, kernels.moe_mlp(n_chunks=C)), per C")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--reps", type=positive, default=5)
     p.add_argument("--top", type=positive, default=12, help="kernels printed per layer")
@@ -107,7 +111,8 @@ def main(argv=None) -> dict:
                  "(on a CPU, time the layers with scripts/bench_moe.py --device cpu)")
     c = {"d_model": args.d_model, "n_experts": args.n_experts,
          "expert_size": args.expert_size, "d_ff": args.d_ff or args.n_experts * args.expert_size}
-    layers = make_layers(c, args.tokens, args.k, "cuda", DTYPES[args.dtype], args.backends)
+    layers = make_layers(c, args.tokens, args.k, "cuda", DTYPES[args.dtype], args.backends,
+                         chunks=args.chunks)
     precompile(*(fn for layer, fn in layers.items() if layer.startswith("triton")))
     name = torch.cuda.get_device_name()
     out = {**case_record(name, args), "d_ff": c["d_ff"], "layers": {}}

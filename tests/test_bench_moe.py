@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from scripts import bench_common, bench_moe
+from tests.triton_helpers import DEVICE, TRITON_MARKS
 
 
 def test_flops_match_the_paper_ratio():
@@ -45,6 +46,19 @@ def test_bench_case_cpu_small():
             max(r["flops"] / 1e11, r["bytes"] / 1e10) * 1e3)
     # the MoE saves only h (T*K x G) and the selection's inputs, not a T x d_ff activation
     assert res["torch"]["saved_mb"] < res["dense"]["saved_mb"]
+
+
+@TRITON_MARKS[0]
+@TRITON_MARKS[1]
+def test_layers_in_token_chunks():
+    """--chunks (profile_moe.py): a fused layer "triton C=<C>" per C, timed on CUDA graphs
+    like the fused one, and saving what it saves for the backward but finer offsets."""
+    c = {"d_model": 16, "n_experts": 4, "expert_size": 16, "d_ff": 64}
+    layers = bench_moe.make_layers(c, 19, 2, DEVICE, torch.float32, ["triton"], chunks=[3])
+    assert list(layers) == ["dense", "triton", "triton C=3"]
+    assert bench_moe.graphable("triton C=3") and not bench_moe.graphable("torch")
+    more = bench_moe.saved_mb(layers["triton C=3"]) - bench_moe.saved_mb(layers["triton"])
+    assert more * 2**20 == 4 * 2 * (3 - 1) * 4  # E*K*(C-1) more int32 offsets
 
 
 def test_check_refuses_to_time_a_wrong_backend(monkeypatch, capsys):

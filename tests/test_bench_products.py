@@ -9,8 +9,9 @@ pytestmark = TRITON_MARKS
 def test_bench_products_checks_the_rearranged_launches(tmp_path, monkeypatch, capsys):
     """scripts/bench_products.py end to end on a tiny case: the layer's launches, the
     rearranged ones (pre-gathered rows; an expert's rows token-interleaved by the routing's
-    chunks, for the weight gradient: the same sum in another order) and bmm, timed in the
-    same rounds; a rearranged launch that disagrees fails the run, after its JSON."""
+    chunks, for the weight gradient: the same sum in another order; the scatter chunk by
+    chunk) and bmm, timed in the same rounds; a rearranged launch that disagrees fails the
+    run, after its JSON."""
     import json
 
     from kernels import triton_launch
@@ -18,7 +19,8 @@ def test_bench_products_checks_the_rearranged_launches(tmp_path, monkeypatch, ca
 
     path = tmp_path / "products.json"
     argv = ["--tokens", "37", "--d-model", "16", "--n-experts", "5", "--expert-size", "16",
-            "--k", "2", "--chunks", "2", "5", "--dtype", "fp32", "--warmup", "0", "--reps",
+            "--k", "2", "--chunks", "2", "5", "--scatter-chunks", "3", "--dtype", "fp32",
+            "--warmup", "0", "--reps",
             "1", "--out", str(path)]
     bench_products.main(argv)
     rows = {(r["product"], r["variant"]): r for r in json.loads(path.read_text())["results"]}
@@ -26,7 +28,7 @@ def test_bench_products_checks_the_rearranged_launches(tmp_path, monkeypatch, ca
     assert list(rows) == [
         *[("gather fwd", v) for v in ("layer", "rows pre-gathered", "bmm")],
         *[(p, v) for p in ("wgrad dW1", "wgrad dW2") for v in wgrad_variants],
-        ("scatter fwd", "layer"), ("scatter fwd", "bmm")]
+        ("scatter fwd", "layer"), ("scatter fwd", "chunked C=3"), ("scatter fwd", "bmm")]
     assert all(r["ms"] > 0 and r["x_layer"] > 0 for r in rows.values())
     assert rows["gather fwd", "layer"]["x_layer"] == 1.0
     assert rows["gather fwd", "bmm"]["flops"] == 2 * (37 * 2 // 5) * 5 * 16 * 16
@@ -40,10 +42,11 @@ def test_bench_products_checks_the_rearranged_launches(tmp_path, monkeypatch, ca
         if "l2_mb" in r:
             assert r["l2_tb_s"] == pytest.approx(r["l2_mb"] * 1e6 / (r["ms"] * 1e-3) / 1e12)
     assert rows["wgrad dW1", "layer"]["l2_mb"] == rows["wgrad dW1", "interleaved C=5"]["l2_mb"]
-    assert all(("l2_mb" in r) == (v != "bmm") for (_, v), r in rows.items())
+    assert all(("l2_mb" in r) == (v not in ("bmm", "chunked C=3")) for (_, v), r in rows.items())
     said = capsys.readouterr().out.splitlines()
     assert [ln.split(" (")[0] for ln in said if ln.startswith("check")] == [
-        "check gather fwd: ok", "check wgrad dW1: ok", "check wgrad dW2: ok"]
+        "check gather fwd: ok", "check wgrad dW1: ok", "check wgrad dW2: ok",
+        "check scatter fwd: ok"]
     # a product whose tuner's choice is not found gets no L2 column (the others keep theirs)
     real_blocks = bench_products.product_blocks
     monkeypatch.setattr(bench_products, "product_blocks",

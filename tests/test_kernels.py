@@ -60,6 +60,43 @@ def test_routing_matches_loop(K, C):
     assert torch.equal(got.order_R[got.inverse_R()], torch.arange(23 * K))
 
 
+@pytest.mark.parametrize("K,C", [(1, 1), (3, 2), (2, 5)])
+def test_routing_with_chunks_in_slots(K, C):
+    """chunks_in_slots: the rows in the order of C = 1, each (expert, slot) segment cut
+    into C sub-segments, sub-segment c holding the tokens of chunk c."""
+    case = random_case(T=23, D=4, E=7, G=4, K=K, n_unused=2)
+    got = make_routing(case["expert_TK"], 7, n_chunks=C, chunks_in_slots=True)
+    want = routing_reference(case["expert_TK"], 7, n_chunks=C, chunks_in_slots=True)
+    plain = make_routing(case["expert_TK"], 7)
+    for name in ("order_R", "tok_R", "off_S"):
+        assert torch.equal(getattr(got, name), getattr(want, name)), name
+    assert torch.equal(got.order_R, plain.order_R)
+    assert torch.equal(got.off_S[::C], plain.off_S)
+    for s in range(7 * K):
+        for c in range(C):
+            sub = got.tok_R[got.off_S[s * C + c]:got.off_S[s * C + c + 1]].long()
+            assert (sub * C // 23 == c).all()
+
+
+def test_moe_mlp_n_chunks_is_checked():
+    case = random_case(T=5, D=4, E=3, G=4, K=2)
+    args = [case[k] for k in ("x_TD", "expert_TK", "gate_TK", "w1_EDG", "w2_EGD")]
+    for bad in (0, 1.5, "2"):
+        with pytest.raises(ValueError, match="n_chunks=.* must be a whole number >= 1"):
+            moe_mlp(*args, n_chunks=bad)
+
+
+@pytest.mark.parametrize("backend", ["torch", "grouped_mm"])
+def test_given_chunks_match_reference(backend):
+    """An explicit n_chunks, more chunks than tokens included (empty chunks)."""
+    if backend == "grouped_mm" and NO_GROUPED_MM:
+        pytest.skip(NO_GROUPED_MM)
+    case = random_case(T=11, D=16, E=5, G=8, K=3, n_unused=1)
+    want = reference_case(case)
+    for C in (2, 3, 13):
+        assert_close(compare(run_case(case, backend, n_chunks=C), want), torch.float32)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("K", [1, 2, 4, 8])
 def test_torch_path_matches_reference(K, dtype):

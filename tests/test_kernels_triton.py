@@ -29,14 +29,16 @@ def _leaves(case, names):
     return [case[n].clone().requires_grad_() for n in names]
 
 
-def test_cvmm_gather_op():
-    """C[r] = x[tok[r]] @ W[e_r] and its gradients (dx through the slot-ordered scatter)."""
+@pytest.mark.parametrize("C", [1, 3])
+def test_cvmm_gather_op(C):
+    """C[r] = x[tok[r]] @ W[e_r] and its gradients (dx through the slot-ordered scatter,
+    chunk by chunk with C token chunks)."""
     from kernels.triton_ops import cvmm_gather
 
     case = random_case(T=19, D=24, E=5, G=20, K=3, device=DEVICE)
-    r = make_routing(case["expert_TK"], 5)
+    r = make_routing(case["expert_TK"], 5, C, chunks_in_slots=True)
     x, w = _leaves(case, ["x_TD", "w1_EDG"])
-    c = cvmm_gather(x, w, r.tok_R, r.off_S)
+    c = cvmm_gather(x, w, r.tok_R, r.off_S, C)
     e_R = case["expert_TK"].reshape(-1)[r.order_R]
     want = torch.einsum("rd,rdg->rg", x[r.tok_R.long()], w[e_R])
     gc = torch.randn_like(c)
@@ -46,15 +48,16 @@ def test_cvmm_gather_op():
         torch.testing.assert_close(g, g_ref, rtol=1e-5, atol=1e-5)
 
 
-def test_cvmm_scatter_op():
+@pytest.mark.parametrize("C", [1, 2])
+def test_cvmm_scatter_op(C):
     """Y[t] = sum_k A[r(t,k)] @ W[e_r] and its gradients (dA through the gathered kernel)."""
     from kernels.triton_ops import cvmm_scatter
 
     case = random_case(T=17, D=20, E=6, G=24, K=4, device=DEVICE, n_unused=2)
-    r = make_routing(case["expert_TK"], 6)
+    r = make_routing(case["expert_TK"], 6, C, chunks_in_slots=True)
     a = torch.randn(17 * 4, 24, device=DEVICE, requires_grad=True)
     (w,) = _leaves(case, ["w2_EGD"])
-    y = cvmm_scatter(a, w, r.tok_R, r.off_S)
+    y = cvmm_scatter(a, w, r.tok_R, r.off_S, C)
     e_R = case["expert_TK"].reshape(-1)[r.order_R]
     out_RD = torch.einsum("rg,rgd->rd", a, w[e_R])
     want = torch.zeros_like(y).index_add(0, r.tok_R.long(), out_RD)
@@ -72,43 +75,52 @@ if kernels.HAS_TRITON:
     from kernels.triton_cvmm import _segment_tile
 
     @triton.jit
-    def _tiles_kernel(off_ptr, out_ptr, n_seg, reverse, BLOCK_M: tl.constexpr,
+    def _tiles_kernel(off_ptr, out_ptr, n_seg, seg_len, reverse, BLOCK_M: tl.constexpr,
                       SEG_P2: tl.constexpr):
         pid = tl.program_id(0)
-        seg, row0, row_end = _segment_tile(pid, off_ptr, n_seg, 1, 0, reverse, BLOCK_M, SEG_P2)
+        seg, row0, row_end = _segment_tile(pid, off_ptr, n_seg, seg_len, 0, seg_len, reverse,
+                                           BLOCK_M, SEG_P2)
         tl.store(out_ptr + 3 * pid, seg)
         tl.store(out_ptr + 3 * pid + 1, row0)
         tl.store(out_ptr + 3 * pid + 2, row_end)
 
 
+@pytest.mark.parametrize("seg_len", [1, 2])
 @pytest.mark.parametrize("reverse", [0, 1])
-def test_tile_order_covers_every_row_once(reverse):
-    """The in-kernel tile lookup (round by round over the segments) is a bijection."""
-    counts = [5, 0, 40, 16, 17, 0, 1]  # empty, partial and multi-tile segments
+def test_tile_order_covers_every_row_once(reverse, seg_len):
+    """The in-kernel tile lookup (round by round over the segments) is a bijection; with
+    seg_len 2 a segment is two consecutive ones of the offsets (the gather's (expert, slot)
+    segment of a routing with C = 2 token chunks)."""
+    counts = [5, 0, 40, 16, 17, 0, 1, 0]  # empty, partial and multi-tile segments
     off = torch.tensor([0, *counts], device=DEVICE).cumsum(0).to(torch.int32)
-    n_prog = sum(-(-c // 4) for c in counts) + len(counts)  # the launchers' upper bound
+    sizes = [sum(counts[i:i + seg_len]) for i in range(0, len(counts), seg_len)]
+    n_prog = sum(-(-c // 4) for c in sizes) + len(sizes)  # the launchers' upper bound
     out = torch.full((n_prog, 3), -1, dtype=torch.int32, device=DEVICE)
-    _tiles_kernel[(n_prog,)](off, out, len(counts), reverse, BLOCK_M=4, SEG_P2=8)
+    _tiles_kernel[(n_prog,)](off, out, len(sizes), seg_len, reverse, BLOCK_M=4, SEG_P2=8)
     out = out.cpu()
-    real = out[out[:, 0] < len(counts)]
-    assert len(real) == sum(-(-c // 4) for c in counts)
+    real = out[out[:, 0] < len(sizes)]
+    assert len(real) == sum(-(-c // 4) for c in sizes)
     covered = sorted(r for s, r0, end in real.tolist() for r in range(r0, min(r0 + 4, end)))
     assert covered == list(range(sum(counts)))
     for s, r0, end in real.tolist():  # each tile inside its own segment
-        assert off[s] <= r0 < end == off[s + 1]
+        assert off[s * seg_len] <= r0 < end == off[(s + 1) * seg_len]
     # round by round: the first len(nonempty) tiles (of the launch order) are tile 0 of each
-    first = real[-5:] if reverse else real[:5]
-    assert sorted(first[:, 0].tolist()) == [0, 2, 3, 4, 6]
+    nonempty = [i for i, c in enumerate(sizes) if c]
+    first = real[-len(nonempty):] if reverse else real[:len(nonempty)]
+    assert sorted(first[:, 0].tolist()) == nonempty
 
 
-def test_skewed_routing_matches_reference():
-    """Most rows on one expert (many tiles per segment), one expert never chosen."""
+@pytest.mark.parametrize("C", [1, 2])
+def test_skewed_routing_matches_reference(C):
+    """Most rows on one expert (many tiles per segment), one expert never chosen; with C = 2
+    token chunks, a chunk's rows of a slot on one expert."""
     case = random_case(T=70, D=16, E=4, G=16, K=2, device=DEVICE, seed=5)
     t = torch.arange(70)
     first = torch.where(t < 50, 2, t % 3)  # expert 2: 50 + rows, several tiles per segment
     case["expert_TK"] = torch.stack([first, (first + 1 + t % 2) % 3], 1).to(DEVICE)
     for backend in ("triton", "triton_unfused"):
-        assert_close(compare(run_case(case, backend), reference_case(case)), torch.float32)
+        assert_close(compare(run_case(case, backend, n_chunks=C), reference_case(case)),
+                     torch.float32)
 
 
 @pytest.mark.parametrize("backend,K,dtype", [
@@ -218,6 +230,38 @@ def test_fused_equals_unfused():
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("backend,K,C,dtype", [
+    ("triton", 2, 2, torch.float32), ("triton", 3, 4, torch.float16),
+    ("triton_unfused", 2, 3, torch.float32),
+])
+def test_token_chunks_change_only_the_scatters(backend, K, C, dtype):
+    """With C token chunks the scatters run chunk by chunk; the gathers and the weight
+    gradients walk the rows as with C = 1 (the same rows, segments and tiles: the same
+    bits), and the result matches the reference. More chunks than some segments have
+    rows: empty sub-segments."""
+    case = random_case(T=23, D=24, E=K + 2, G=20, K=K, dtype=dtype, device=DEVICE, seed=C,
+                       n_unused=2)
+    y1, (_, gg1, gw11, gw21) = run_case(case, backend)
+    got = run_case(case, backend, n_chunks=C)
+    assert_close(compare(got, reference_case(case)), dtype)
+    _, (_, gg, gw1, gw2) = got
+    for a, b in ((gg, gg1), (gw1, gw11), (gw2, gw21)):
+        assert torch.equal(a, b)
+
+
+def test_triton_ops_refuse_routings_they_cannot_run():
+    from kernels import triton_launch
+    from kernels.triton_ops import moe_mlp_triton
+
+    case = random_case(T=6, D=8, E=3, G=8, K=2, device=DEVICE)
+    routing = make_routing(case["expert_TK"], 3, n_chunks=2)  # (expert, chunk, slot)
+    with pytest.raises(ValueError, match="chunks_in_slots"):
+        moe_mlp_triton(case["x_TD"], case["gate_TK"], case["w1_EDG"], case["w2_EGD"], routing)
+    one = make_routing(case["expert_TK"], 3)  # K = 2 segments an expert: not 3 chunks
+    with pytest.raises(ValueError, match="n_chunks=3 does not divide the 2 segments"):
+        triton_launch.gather_mm(case["x_TD"], case["w1_EDG"], one.tok_R, one.off_S, n_chunks=3)
+
+
 @pytest.mark.parametrize("backend", ["triton", "triton_unfused"])
 def test_weight_grad_is_deterministic(backend):
     case = random_case(T=37, D=16, E=3, G=16, K=2, device=DEVICE, n_unused=0)  # 2 tiles/slot
@@ -287,6 +331,17 @@ def test_gpu_bf16_large(backend):
         pytest.skip(f"{backend} not applicable on this GPU")
     case = random_case(T=4099, D=512, E=16, G=128, K=4, dtype=torch.bfloat16, device="cuda")
     assert_close(compare(run_case(case, backend), reference_case(case)), torch.bfloat16)
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("C", [2, 4])
+def test_gpu_bf16_token_chunks(C):
+    """The fused layer with its scatters chunk by chunk (their own autotuned configs: the
+    key holds K*C), bf16 on tensor cores, against the reference."""
+    case = random_case(T=4099, D=512, E=16, G=128, K=4, dtype=torch.bfloat16, device="cuda")
+    got = run_case(case, "triton", n_chunks=C)
+    assert_close(compare(got, reference_case(case)), torch.bfloat16)
 
 
 @gpu
