@@ -7,7 +7,7 @@ clipping, accumulation, validation schedule, checkpoints and resume. A task prov
     train_losses(n_micro) -> iterator       yields (loss, metrics) per micro-batch
     validate() -> dict                      metrics on the validation split
     tokens_per_step: int                    for tokens/s
-    precompile(n_micro, dtype) -> lines     optional: compile the GPU kernels ahead
+    precompile(n_micro, dtype) -> [(line, failed)]  optional: compile the GPU kernels ahead
     state_dict() / load_state_dict(s)       data position and memory
     discard_step()                          forget state the last step left (a skipped
                                             non-finite step: its memory may hold NaN)
@@ -387,11 +387,11 @@ class Trainer:
                 or self.step >= self.cfg.steps):
             return
         try:
-            lines = self.task.precompile(self.cfg.grad_accum, self.amp_dtype)
+            said = self.task.precompile(self.cfg.grad_accum, self.amp_dtype)
         except Exception as err:
-            lines = [f"precompile: failed ({type(err).__name__}: {err})"]
-        for line in lines:  # the main process's lines, and any process's failure
-            if self.is_main or "failed" in line:
+            said = [(f"precompile: failed ({type(err).__name__}: {err})", True)]
+        for line, failed in said:  # the main process's lines, and any process's failure
+            if self.is_main or failed:
                 note(line if self.is_main else f"rank {self.dist.rank}: {line}")
 
     def _continue_code(self) -> None:

@@ -18,12 +18,17 @@ are a ValueError; an expert id outside [0, E) fails an asynchronous assert (Runt
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from kernels.grouped_mm import grouped_mm_problem, moe_mlp_grouped_mm
 from kernels.reference import moe_mlp_reference
 from kernels.routing import Routing, make_routing
 from kernels.torch_path import cpu_chunks, moe_mlp_torch
+
+if TYPE_CHECKING:  # (Triton is optional)
+    from kernels.triton_precompile import Precompiled
 
 try:  # Triton is optional: without it (or without a GPU) everything but "triton*" works
     from kernels import triton_ops
@@ -186,11 +191,12 @@ def moe_mlp(x_TD, expert_TK, gate_TK, w1_EDG, w2_EGD, hidden_dropout=0.0, traini
 
 def precompile_moe(tokens: int, d_model: int, n_experts: int, expert_size: int, k: int,
                    hidden_dropout: float = 0.0, backend: str = "auto", device="cuda",
-                   dtype: torch.dtype = torch.bfloat16) -> str | None:
+                   dtype: torch.dtype = torch.bfloat16) -> Precompiled | None:
     """Compile ahead, in parallel, the Triton kernels that a training `moe_mlp` forward +
     backward of these shapes launches (kernels/triton_precompile.py), by one dry run on
-    random inputs: nothing of a model is touched. -> a line saying what it did; None where
-    no Triton kernel would run (no CUDA, no Triton, a backend without Triton kernels)."""
+    random inputs: nothing of a model is touched. -> what it did (its line, and whether it
+    failed); None where no Triton kernel would run (no CUDA, no Triton, a backend without
+    Triton kernels)."""
     device = torch.device(device)
     if not HAS_TRITON or device.type != "cuda" or backend not in ("auto", "triton",
                                                                    "triton_unfused"):

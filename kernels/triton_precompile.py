@@ -19,6 +19,7 @@ import contextlib
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import NamedTuple
 
 import torch
 import triton
@@ -70,12 +71,22 @@ def precompile_problem() -> str | None:
     return None
 
 
-def precompile(fn, workers: int | None = None) -> str:
+class Precompiled(NamedTuple):
+    """What `precompile` did: a line that says it, and whether compiling ahead failed (the
+    launches then compile when first timed, as without it: never a reason to stop a run)."""
+    line: str
+    failed: bool = False
+
+    def __str__(self) -> str:
+        return self.line
+
+
+def precompile(fn, workers: int | None = None) -> Precompiled:
     """Run fn() compiling, not running, its autotuned Triton launches (module docstring).
-    -> a line saying what it did (or why it did nothing: the launches then compile when
-    first timed, as without it)."""
+    -> what it did (or why it did nothing: the launches then compile when first timed, as
+    without it)."""
     if problem := precompile_problem():
-        return f"precompile: skipped, {problem}"
+        return Precompiled(f"precompile: skipped, {problem}")
     if not workers:
         cores = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
                  else os.cpu_count() or 1)
@@ -86,7 +97,8 @@ def precompile(fn, workers: int | None = None) -> str:
         with compiling_only(workers):
             fn()
     except Exception as err:  # compiling ahead is an optimisation: never fail a run on it
-        return (f"precompile: failed ({type(err).__name__}: {err}); the configs compile when "
-                "first timed")
-    return (f"precompile: the autotune configs of the Triton launches compiled in "
-            f"{time.perf_counter() - t0:.1f} s on {workers} thread{'s' * (workers > 1)}")
+        return Precompiled(f"precompile: failed ({type(err).__name__}: {err}); the configs "
+                           "compile when first timed", failed=True)
+    return Precompiled(f"precompile: the autotune configs of the Triton launches compiled in "
+                       f"{time.perf_counter() - t0:.1f} s on {workers} thread"
+                       f"{'s' * (workers > 1)}")

@@ -129,7 +129,7 @@ def precompile(*fns) -> None:
         return
     from kernels.triton_precompile import precompile as compile_ahead
 
-    print(compile_ahead(lambda: [fn() for fn in fns]))
+    print(compile_ahead(lambda: [fn() for fn in fns]).line)
 
 
 def positive(text: str) -> int:

@@ -125,7 +125,7 @@ def bench_batch(shape, device, dtype, warmup, reps, batch, profile=0) -> dict:
         # multiple of 16, makes kernels of its own, which the kernel benchmarks' did not
         if kind == "sigma_moe" and (said := model.cfg.ffn.precompile(batch * ctx, device,
                                                                      dtype)):
-            print(said)
+            print(said.line)
         steps[kind] = make_step(model, ctx, batch, vocab, device, dtype)
         # the first step creates Adam's state (counted: it stays) and autotunes the Triton
         # kernels (not counted: their 256 MB cache-flush buffer is freed after tuning)

@@ -145,12 +145,13 @@ class LMTask:
         self.tokens_per_step = cfg.batch_size * cfg.context
 
     # -- training --------------------------------------------------------------------------
-    def precompile(self, n_micro: int, dtype: torch.dtype) -> list[str]:
+    def precompile(self, n_micro: int, dtype: torch.dtype) -> list:
         """Compile the Triton kernels of the model's expert layers ahead, in parallel, at
         this process's micro-batch (ExpertsConfig.precompile: one dry run a distinct layer
         config, on random inputs; the model, its memory and its statistics are untouched).
         Without it the first step's autotuning compiles them one by one (every autotune
-        config of every launch of a layer shape). -> what each dry run said."""
+        config of every launch of a layer shape). -> what each dry run did (Precompiled:
+        the line it said, whether it failed)."""
         tokens = self.cfg.batch_size // self.world_size // n_micro * self.cfg.context
         layers = dict.fromkeys(m.cfg for m in self.model.modules() if isinstance(m, ExpertsFFN))
         said = (cfg.precompile(tokens, self.device, dtype) for cfg in layers)

@@ -280,7 +280,7 @@ def test_benchmarks_precompile_on_cuda(monkeypatch, capsys):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     def compile_ahead(fn):  # the dry run, without Triton's part
         fn()
-        return "compiled"
+        return triton_precompile.Precompiled("compiled")
 
     monkeypatch.setattr(triton_precompile, "precompile", compile_ahead)
     bench_common.precompile(*layers)

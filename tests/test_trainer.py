@@ -367,7 +367,7 @@ def test_on_a_gpu_the_task_precompiles_before_the_first_step(capsys):
     run's end; elsewhere, for a finished run or a task without the hook, nothing."""
     from types import SimpleNamespace as NS
 
-    asked, said = [], ["precompile: compiled in 1.0 s"]
+    asked, said = [], [("precompile: compiled in 1.0 s", False)]
 
     class Task:
         def precompile(self, n_micro, dtype):
@@ -385,9 +385,12 @@ def test_on_a_gpu_the_task_precompiles_before_the_first_step(capsys):
 
     assert run() == "precompile: compiled in 1.0 s\n" and asked == [(2, torch.bfloat16)]
     assert run(is_main=False, dist=NS(rank=3)) == ""  # another process: quiet
+    said = [("precompile: failed (OSError: disk full)", True)]
+    assert run(is_main=False, dist=NS(rank=3)) == (
+        "rank 3: precompile: failed (OSError: disk full)\n")
     said = None
     assert run(is_main=False, dist=NS(rank=3)) == (
         "rank 3: precompile: failed (RuntimeError: no GPU memory)\n")
-    assert len(asked) == 3
+    assert len(asked) == 4
     assert run(device=torch.device("cpu")) == run(task=object()) == run(step=10) == ""
-    assert len(asked) == 3
+    assert len(asked) == 4

@@ -54,9 +54,10 @@ class ExpertsConfig:
         if self.backend not in BACKENDS:
             raise ConfigError(f"ffn.backend={self.backend!r} is not one of {', '.join(BACKENDS)}")
 
-    def precompile(self, tokens: int, device, dtype: torch.dtype) -> str | None:
+    def precompile(self, tokens: int, device, dtype: torch.dtype):
         """kernels.precompile_moe at this layer's shapes, dropout and backend, for `tokens`
-        tokens a step: its Triton kernels compiled ahead (None: none would run)."""
+        tokens a step: its Triton kernels compiled ahead. -> what it did (a Precompiled:
+        its line, whether it failed); None: no Triton kernel would run."""
         return kernels.precompile_moe(tokens, self.d_model, self.n_experts, self.expert_size,
                                       self.k, self.hidden_dropout, self.backend,
                                       device=device, dtype=dtype)
