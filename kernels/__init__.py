@@ -191,7 +191,8 @@ def moe_mlp(x_TD, expert_TK, gate_TK, w1_EDG, w2_EGD, hidden_dropout=0.0, traini
 
 def precompile_moe(tokens: int, d_model: int, n_experts: int, expert_size: int, k: int,
                    hidden_dropout: float = 0.0, backend: str = "auto", device="cuda",
-                   dtype: torch.dtype = torch.bfloat16) -> Precompiled | None:
+                   dtype: torch.dtype = torch.bfloat16, n_chunks: int | None = None
+                   ) -> Precompiled | None:
     """Compile ahead, in parallel, the Triton kernels that a training `moe_mlp` forward +
     backward of these shapes launches (kernels/triton_precompile.py), by one dry run on
     random inputs: nothing of a model is touched. -> what it did (its line, and whether it
@@ -204,11 +205,11 @@ def precompile_moe(tokens: int, d_model: int, n_experts: int, expert_size: int, 
     from kernels.triton_precompile import precompile
 
     return precompile(lambda: _moe_step(tokens, d_model, n_experts, expert_size, k,
-                                        hidden_dropout, backend, device, dtype))
+                                        hidden_dropout, backend, device, dtype, n_chunks))
 
 
 def _moe_step(tokens, d_model, n_experts, expert_size, k, hidden_dropout, backend, device,
-              dtype) -> None:
+              dtype, n_chunks=None) -> None:
     """One training `moe_mlp` forward+backward on random inputs of these shapes. The random
     number generators (the CPU's and the device's) are as they were after it: a run that
     compiles ahead draws the same dropout masks as one that does not, and a resumed run
@@ -221,7 +222,8 @@ def _moe_step(tokens, d_model, n_experts, expert_size, k, hidden_dropout, backen
         w1 = torch.randn(n_experts, d_model, expert_size, **leaf)
         w2 = torch.randn(n_experts, expert_size, d_model, **leaf)
         expert = torch.rand(tokens, n_experts, device=device).argsort(-1)[:, :k]
-        y = moe_mlp(x, expert, gate, w1, w2, hidden_dropout, training=True, backend=backend)
+        y = moe_mlp(x, expert, gate, w1, w2, hidden_dropout, training=True, backend=backend,
+                    n_chunks=n_chunks)
         torch.autograd.grad(y, (x, gate, w1, w2), torch.randn_like(y))
 
 

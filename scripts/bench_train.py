@@ -3,6 +3,7 @@ parameter-equal dense twin). torch (+ triton) only, no Hydra, so it runs on GPU 
 
     python scripts/bench_train.py                       # GPU: WT-S and WT-B shapes, bf16
     python scripts/bench_train.py --device cpu          # CPU: the mini shapes, fp32
+    python scripts/bench_train.py --chunks 4            # + sigma-MoE in 4 token chunks
 
 Times forward + backward + Adam step of the Transformer-XL (memory included) after warm-up,
 at the paper's batch (halved until a step fits the GPU; `--batch` sets it), alternating the
@@ -54,10 +55,11 @@ SHAPES = {
 STEP_TARGETS = {"wt_big": 0.6}
 
 
-def build(shape: str, kind: str) -> tuple[TransformerXL, int, int]:
+def build(shape: str, kind: str, n_chunks: int | None = None
+          ) -> tuple[TransformerXL, int, int]:
     D, L, H, C, ctx, _, vocab, d_ff, n_e, g, k = SHAPES[shape]
     ffn = (DenseConfig(D, L, d_ff) if kind == "dense" else
-           SigmaMoEConfig(D, L, n_e, g, k, reg_gamma=1e-3))
+           SigmaMoEConfig(D, L, n_e, g, k, reg_gamma=1e-3, n_chunks=n_chunks))
     cfg = TransformerXLConfig(vocab, D, L, H, C, 0.1, ctx, 4 * ctx, kind, ffn)
     return TransformerXL(cfg), ctx, vocab
 
@@ -88,7 +90,7 @@ def make_step(model, ctx, batch, vocab, device, dtype):
     return step
 
 
-def bench_shape(shape, device, dtype, warmup, reps, batch=None, profile=0) -> dict:
+def bench_shape(shape, device, dtype, warmup, reps, batch=None, profile=0, chunks=()) -> dict:
     """`bench_batch` at the shape's batch (or `batch`); on a GPU that cannot hold a step of
     it, at half the batch, and so on (a WT-B step at the paper's 64 x 512 tokens keeps
     roughly 60-100 GB of activations, estimated on a CPU). Both twins always run the same
@@ -96,7 +98,7 @@ def bench_shape(shape, device, dtype, warmup, reps, batch=None, profile=0) -> di
     batch = batch or SHAPES[shape][5]
     while True:
         try:
-            return bench_batch(shape, device, dtype, warmup, reps, batch, profile)
+            return bench_batch(shape, device, dtype, warmup, reps, batch, profile, chunks)
         except torch.cuda.OutOfMemoryError:
             if batch == 1:
                 raise
@@ -106,25 +108,33 @@ def bench_shape(shape, device, dtype, warmup, reps, batch=None, profile=0) -> di
         batch //= 2
 
 
-def bench_batch(shape, device, dtype, warmup, reps, batch, profile=0) -> dict:
-    """Both twins of one shape: warm-up (and peak memory) one model at a time, then `reps`
-    rounds of one dense step and one sigma-MoE step, so that a drift of the machine's speed
-    hits both alike; the ratio is the median of the per-round ratios. `profile` > 0: then
-    one profiled step per model, its `profile` slowest GPU kernels printed and kept."""
+def moe_kinds(chunks=()) -> list[str]:
+    """The sigma-MoE models timed beside the dense one: the default, and one a C of
+    `chunks` (its expert layers in C token chunks, `ffn.n_chunks`)."""
+    return ["sigma_moe", *(f"sigma_moe C={c}" for c in chunks)]
+
+
+def bench_batch(shape, device, dtype, warmup, reps, batch, profile=0, chunks=()) -> dict:
+    """Both twins of one shape (and the sigma-MoE twin in token chunks, per C of `chunks`):
+    warm-up (and peak memory) one model at a time, then `reps` rounds of one step of each,
+    so that a drift of the machine's speed hits all alike; a ratio is the median of the
+    per-round ratios. `profile` > 0: then one profiled step per model, its `profile`
+    slowest GPU kernels printed and kept."""
     row, steps = {"batch": batch}, {}
     if device.type == "cuda":  # cuBLAS's workspaces, allocated by the first product, stay:
         with torch.autocast("cuda", dtype=dtype, enabled=dtype != torch.float32):  # in both
             torch.ones(8, 8, device=device, requires_grad=True).mm(  # twins' baseline
                 torch.ones(8, 8, device=device)).sum().backward()
-    for kind in ("dense", "sigma_moe"):
+    for kind in ("dense", *moe_kinds(chunks)):
         torch.manual_seed(0)
-        model, ctx, vocab = build(shape, kind)
+        base_kind, _, c = kind.partition(" C=")
+        model, ctx, vocab = build(shape, base_kind, int(c) if c else None)
         base = torch.cuda.memory_allocated() if device.type == "cuda" else 0
         model.to(device).train()
         # the layers' kernels compiled ahead at their shapes: WT-S's d_model of 412, no
         # multiple of 16, makes kernels of its own, which the kernel benchmarks' did not
-        if kind == "sigma_moe" and (said := model.cfg.ffn.precompile(batch * ctx, device,
-                                                                     dtype)):
+        if base_kind == "sigma_moe" and (said := model.cfg.ffn.precompile(batch * ctx, device,
+                                                                          dtype)):
             print(said.line)
         steps[kind] = make_step(model, ctx, batch, vocab, device, dtype)
         # the first step creates Adam's state (counted: it stays) and autotunes the Triton
@@ -145,8 +155,11 @@ def bench_batch(shape, device, dtype, warmup, reps, batch, profile=0) -> dict:
         r = row[kind]
         r["ms"] = statistics.median(r["ms_all"])
         r["tokens_per_s"] = r.pop("tokens") / r["ms"] * 1000
-    row["moe_over_dense_time"], row["moe_over_dense_quartiles"] = paired_ratio(
-        row["sigma_moe"]["ms_all"], row["dense"]["ms_all"])
+    for kind in moe_kinds(chunks):
+        row[kind]["over_dense"], row[kind]["over_dense_quartiles"] = paired_ratio(
+            row[kind]["ms_all"], row["dense"]["ms_all"])
+    row["moe_over_dense_time"] = row["sigma_moe"]["over_dense"]
+    row["moe_over_dense_quartiles"] = row["sigma_moe"]["over_dense_quartiles"]
     if profile and device.type == "cuda":
         for kind in steps:
             with torch.profiler.profile(
@@ -179,6 +192,9 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, list[str]]:
     ap.add_argument("--batch", type=positive,
                     help="sequences per step for every shape (default: the paper's, halved "
                          "until a step fits the GPU)")
+    ap.add_argument("--chunks", type=positive, nargs="*", default=[],
+                    help="also time the sigma-MoE model with its expert layers in C token "
+                         "chunks (ffn.n_chunks), one model a C, in the same rounds")
     ap.add_argument("--profile", type=int, default=0, metavar="N",
                     help="GPU: after timing, profile one step per model and print its N "
                          "slowest kernels (where the step's time goes)")
@@ -204,19 +220,22 @@ def main(argv=None) -> dict:
     path = args.out or out_path(f"train_{device_slug(name)}.json", changed)
     out = {"device": name, "dtype": str(dtype), "torch": torch.__version__,
            "threads": torch.get_num_threads(), "results": {}}
-    print(f"{'shape':10} {'ffn':10} {'params':>8} {'ms/step':>9} {'tok/s':>9} {'peak MB':>9}")
+    w = max(10, *(len(k) for k in moe_kinds(args.chunks)))
+    print(f"{'shape':10} {'ffn':{w}} {'params':>8} {'ms/step':>9} {'tok/s':>9} {'peak MB':>9}")
     for shape in args.shapes:
         row = bench_shape(shape, device, dtype, args.warmup, args.reps, args.batch,
-                          args.profile)
-        for kind in ("dense", "sigma_moe"):
+                          args.profile, args.chunks)
+        for kind in ("dense", *moe_kinds(args.chunks)):
             r = row[kind]
             peak = f"{r['peak_mb']:.0f}" if r["peak_mb"] is not None else "-"
-            print(f"{shape:10} {kind:10} {r['n_params'] / 1e6:7.1f}M {r['ms']:9.1f} "
+            print(f"{shape:10} {kind:{w}} {r['n_params'] / 1e6:7.1f}M {r['ms']:9.1f} "
                   f"{r['tokens_per_s']:9.0f} {peak:>9}")
-        q1, q3 = row["moe_over_dense_quartiles"]
-        print(f"{shape:10} sigma-MoE / dense step time: {row['moe_over_dense_time']:.2f}x "
-              f"(batch {row['batch']}, median of {args.reps} paired rounds, quartiles "
-              f"{q1:.2f}-{q3:.2f})")
+        for kind in moe_kinds(args.chunks):
+            q1, q3 = row[kind]["over_dense_quartiles"]
+            name = kind.replace("sigma_moe", "sigma-MoE")
+            print(f"{shape:10} {name} / dense step time: {row[kind]['over_dense']:.2f}x "
+                  f"(batch {row['batch']}, median of {args.reps} paired rounds, quartiles "
+                  f"{q1:.2f}-{q3:.2f})")
         if shape in STEP_TARGETS and device.type == "cuda" and dtype == torch.bfloat16:
             limit = STEP_TARGETS[shape]
             row["target"] = {"limit": limit, "pass": row["moe_over_dense_time"] <= limit}

@@ -11,7 +11,8 @@
 #   products each of the layer's products beside cuBLAS's bmm of its FLOPs and beside itself
 #            on rearranged rows: pre-gathered, token-interleaved (bench_products.py)
 #   tests    the kernel tests, the `gpu` ones included
-#   train    WT-S and WT-B training steps, dense vs sigma-MoE, and the steps' slowest kernels
+#   train    WT-S and WT-B training steps, dense vs sigma-MoE (also in 4 token chunks), and
+#            the steps' slowest kernels
 #   ncu      hardware counters of the dense and the fused layer (Nsight Compute)
 #   sweep    the dmodel_g128 sweep and its figure (Fig. benchmark_es128)
 #   sweeps   not a default step: the paper's four other benchmark figures
@@ -112,7 +113,7 @@ run tests "${TESTS_LIMIT:-200}" "$py" -m pytest -q -p no:cacheprovider "${worker
   tests/test_kernels_precompile.py tests/test_kernels_topk.py tests/test_bench_products.py \
   -m "${TESTS_MARK:-not slow}" -k "not hopper and not smem_estimate and not spills"
 run train "${TRAIN_LIMIT:-120}" "$py" scripts/bench_train.py --reps 5 --profile 12 \
-  --out "$res/train.json"
+  --chunks 4 --out "$res/train.json"
 # one forward+backward of the dense and the fused layer (also in 4 token chunks: does the
 # scatter's DRAM traffic fall?) under ncu (the profile step filled
 # Triton's autotune cache: no tuning runs under it), then the counters as a table

@@ -8,10 +8,16 @@ import torch
 from scripts import bench_common, bench_train
 
 
-def test_bench_train_cpu_mini(tmp_path):
+def test_bench_train_cpu_mini(tmp_path, capsys):
     out = bench_train.main(["--device", "cpu", "--shapes", "mini", "--warmup", "0",
-                            "--reps", "3", "--out", str(tmp_path / "t.json")])
+                            "--reps", "3", "--chunks", "2", "--out", str(tmp_path / "t.json")])
     row = out["results"]["mini"]
+    # the sigma-MoE twin in 2 token chunks, timed in the same rounds, its own ratio
+    chunked = row["sigma_moe C=2"]
+    assert chunked["n_params"] == row["sigma_moe"]["n_params"] and len(chunked["ms_all"]) == 3
+    assert chunked["over_dense"] == pytest.approx(
+        statistics.median(m / d for m, d in zip(chunked["ms_all"], row["dense"]["ms_all"])))
+    assert "mini       sigma-MoE C=2 / dense step time: " in capsys.readouterr().out
     # the twins are parameter-matched (within 1%), and the ratio pairs steps of one round
     assert row["sigma_moe"]["n_params"] == pytest.approx(row["dense"]["n_params"], rel=0.01)
     moe, dense = row["sigma_moe"]["ms_all"], row["dense"]["ms_all"]
@@ -37,7 +43,8 @@ def test_flags_that_change_the_results(argv, changed):
 def test_only_the_default_run_writes_benchmarks(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(bench_common, "ROOT", tmp_path)
     row = {"batch": 16, "moe_over_dense_time": 0.8, "moe_over_dense_quartiles": [0.7, 0.9],
-           **{k: {"peak_mb": None, "n_params": 1, "ms": 1.0, "tokens_per_s": 1.0}
+           **{k: {"peak_mb": None, "n_params": 1, "ms": 1.0, "tokens_per_s": 1.0,
+                  "over_dense": 0.8, "over_dense_quartiles": [0.7, 0.9]}
               for k in ("dense", "sigma_moe")}}
     monkeypatch.setattr(bench_train, "bench_shape", lambda *a: row)  # nothing is timed
     bench_train.main(["--device", "cpu", "--reps", "3"])
@@ -52,11 +59,11 @@ def test_bench_train_halves_the_batch_when_a_step_does_not_fit(monkeypatch, tmp_
     measure, tried = bench_train.bench_batch, []
 
     def gpu_of(max_batch):
-        def bench_batch(shape, device, dtype, warmup, reps, batch, profile=0):
+        def bench_batch(shape, device, dtype, warmup, reps, batch, profile=0, chunks=()):
             tried.append(batch)
             if batch > max_batch:
                 raise torch.cuda.OutOfMemoryError("CUDA out of memory (simulated)")
-            return measure(shape, device, dtype, warmup, reps, batch, profile)
+            return measure(shape, device, dtype, warmup, reps, batch, profile, chunks)
         return bench_batch
 
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
@@ -77,7 +84,8 @@ def test_the_wt_big_step_target_is_judged_on_a_gpu(tmp_path, monkeypatch, capsys
     a GPU name and timings given, nothing run."""
     def row(ratio):
         return {"batch": 32, "moe_over_dense_time": ratio, "moe_over_dense_quartiles": [0, 1],
-                **{k: {"peak_mb": 1.0, "n_params": 1, "ms": 1.0, "tokens_per_s": 1.0}
+                **{k: {"peak_mb": 1.0, "n_params": 1, "ms": 1.0, "tokens_per_s": 1.0,
+                       "over_dense": ratio, "over_dense_quartiles": [0, 1]}
                    for k in ("dense", "sigma_moe")}}
 
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H100 80GB HBM3")

@@ -82,8 +82,8 @@ def test_parameter_counts_are_exactly_the_papers_formulas():
 
 def test_an_expert_layer_precompiles_at_its_own_shapes(monkeypatch):
     """ExpertsConfig.precompile (LMTask.precompile and bench_train.py use it):
-    kernels.precompile_moe at the layer config's shapes, dropout and backend and the step's
-    token count."""
+    kernels.precompile_moe at the layer config's shapes, dropout, backend and token chunks
+    and the step's token count."""
     import torch
 
     import kernels
@@ -92,7 +92,33 @@ def test_an_expert_layer_precompiles_at_its_own_shapes(monkeypatch):
     calls = []
     monkeypatch.setattr(kernels, "precompile_moe",
                         lambda *args, **kw: calls.append((args, kw)) or "said")
-    cfg = SigmaMoEConfig(24, 2, 6, 16, 2, hidden_dropout=0.1)
+    cfg = SigmaMoEConfig(24, 2, 6, 16, 2, hidden_dropout=0.1, n_chunks=3)
     assert cfg.precompile(40, "cuda", torch.bfloat16) == "said"
     assert calls == [((40, 24, 6, 16, 2, 0.1, "auto"),
-                      {"device": "cuda", "dtype": torch.bfloat16})]
+                      {"device": "cuda", "dtype": torch.bfloat16, "n_chunks": 3})]
+
+
+def test_expert_layers_take_token_chunks(monkeypatch):
+    """ffn.n_chunks reaches kernels.moe_mlp (the torch path here: the same result in other
+    chunks); below 1 is a config error naming the key."""
+    import pytest
+    import torch
+
+    from framework.config import ConfigError
+    from models.ffn import experts
+    from models.ffn.sigma_moe import SigmaMoE, SigmaMoEConfig
+
+    asked, real = [], experts.moe_mlp
+    monkeypatch.setattr(experts, "moe_mlp",
+                        lambda *a, **kw: asked.append(kw["n_chunks"]) or real(*a, **kw))
+    x = torch.randn(2, 9, 24)
+    ys = []
+    for n_chunks in (None, 1, 4):
+        torch.manual_seed(0)
+        layer = SigmaMoE(SigmaMoEConfig(24, 2, 6, 16, 2, n_chunks=n_chunks, backend="torch"))
+        ys.append(layer.eval()(x))
+    assert asked == [None, 1, 4]
+    torch.testing.assert_close(ys[1], ys[0])
+    torch.testing.assert_close(ys[2], ys[0])
+    with pytest.raises(ConfigError, match="ffn.n_chunks=0 must be at least 1"):
+        SigmaMoEConfig(24, 2, 6, 16, 2, n_chunks=0)

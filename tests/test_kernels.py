@@ -377,16 +377,17 @@ def test_precompile_moe_dry_run_is_one_training_step(monkeypatch):
     assert kernels.precompile_moe(40, 24, 6, 16, 2, backend="torch", device="cuda") is None
     calls, real = [], kernels.moe_mlp
 
-    def moe_mlp(x, expert, gate, w1, w2, p, training, backend):
+    def moe_mlp(x, expert, gate, w1, w2, p, training, backend, n_chunks):
         calls.append((tuple(x.shape), tuple(expert.shape), tuple(gate.shape),
-                      tuple(w1.shape), tuple(w2.shape), p, training, backend))
-        y = real(x, expert, gate, w1, w2, p, training, backend=backend)
+                      tuple(w1.shape), tuple(w2.shape), p, training, backend, n_chunks))
+        y = real(x, expert, gate, w1, w2, p, training, backend=backend, n_chunks=n_chunks)
         assert (expert < 6).all() and all(len(set(r)) == 2 for r in expert.tolist())
         return y
 
     monkeypatch.setattr(kernels, "moe_mlp", moe_mlp)
     rng = torch.random.get_rng_state()
-    kernels._moe_step(40, 24, 6, 16, 2, 0.1, "torch", torch.device("cpu"), torch.float32)
-    assert calls == [((40, 24), (40, 2), (40, 2), (6, 24, 16), (6, 16, 24), 0.1, True, "torch")]
+    kernels._moe_step(40, 24, 6, 16, 2, 0.1, "torch", torch.device("cpu"), torch.float32, 3)
+    assert calls == [((40, 24), (40, 2), (40, 2), (6, 24, 16), (6, 16, 24), 0.1, True, "torch",
+                      3)]
     # the run's random stream is untouched (dropout masks, resumed runs)
     assert torch.equal(torch.random.get_rng_state(), rng)

@@ -336,7 +336,8 @@ def test_the_task_precompiles_each_expert_layer_shape_at_its_micro_batch(monkeyp
     task = toy_task(make("sigma_moe"), n_tokens=4 * 13, batch_size=4, context=4)
     assert task.precompile(2, torch.bfloat16) == ["compiled"]  # 3 layers, one shape
     assert calls == [((4 // 2 * 4, D, 8, 8, 2, 0.0, "auto"),
-                      {"device": torch.device("cpu"), "dtype": torch.bfloat16})]
+                      {"device": torch.device("cpu"), "dtype": torch.bfloat16,
+                       "n_chunks": None})]
     assert toy_task(make("dense")).precompile(1, torch.float32) == []
     monkeypatch.setattr(kernels, "precompile_moe", lambda *args, **kw: None)  # nothing to do
     assert task.precompile(2, torch.bfloat16) == []

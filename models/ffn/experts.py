@@ -32,6 +32,7 @@ class ExpertsConfig:
     hidden_dropout: float = 0.0  # ordinary dropout on expert hidden units ("standard dropout")
     init: Literal["sigma_moe", "standard"] = "sigma_moe"  # W2 std from N_E*G, or from G
     backend: str = "auto"  # kernels.moe_mlp backend: auto | triton | grouped_mm | torch | reference
+    n_chunks: int | None = None  # kernels.moe_mlp's token chunks; None: the backend's choice
     d_ff: int = 0  # total expert width N_E * G; 0 = derived, else checked against N_E * G
 
     def __post_init__(self) -> None:
@@ -53,6 +54,9 @@ class ExpertsConfig:
             raise ConfigError(f"ffn.expert_size must be positive, got {self.expert_size}")
         if self.backend not in BACKENDS:
             raise ConfigError(f"ffn.backend={self.backend!r} is not one of {', '.join(BACKENDS)}")
+        if self.n_chunks is not None and self.n_chunks < 1:
+            raise ConfigError(f"ffn.n_chunks={self.n_chunks} must be at least 1, or null (the "
+                              "backend's choice)")
 
     def precompile(self, tokens: int, device, dtype: torch.dtype):
         """kernels.precompile_moe at this layer's shapes, dropout and backend, for `tokens`
@@ -60,7 +64,7 @@ class ExpertsConfig:
         its line, whether it failed); None: no Triton kernel would run."""
         return kernels.precompile_moe(tokens, self.d_model, self.n_experts, self.expert_size,
                                       self.k, self.hidden_dropout, self.backend,
-                                      device=device, dtype=dtype)
+                                      device=device, dtype=dtype, n_chunks=self.n_chunks)
 
 
 @torch.no_grad()
@@ -114,6 +118,6 @@ class ExpertsFFN(FFN):
         y_TD = moe_mlp(
             x_TD, expert_TK, gate_TK, self.w1_EDG, self.w2_EGD,
             hidden_dropout=self.cfg.hidden_dropout, training=self.training,
-            backend=self.cfg.backend,
+            backend=self.cfg.backend, n_chunks=self.cfg.n_chunks,
         )
         return y_TD.view_as(x_BTD)
