@@ -66,6 +66,8 @@ GRAPHABLE = {"dense", "dense_nobias", "triton", "triton_unfused", "grouped_mm"}
 def graphable(layer: str) -> bool:
     """Whether a layer of `make_layers` runs without a host sync ("triton C=2": triton's)."""
     return layer.split(" ")[0] in GRAPHABLE
+
+
 # issue 4's GPU targets at the paper's shape (bf16): fused Triton layer / dense MLP time,
 # grouped_mm / Triton time, time / roofline, peak memory / the dense MLP's
 GPU_TARGET = {"d_model": 1024, "n_experts": 32, "expert_size": 128, "k": 4, "tokens": 32768}
