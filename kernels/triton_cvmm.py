@@ -171,6 +171,23 @@ def gather_mm_kernel(
 
 
 @triton.jit
+def _scaled_sum(acc, y_old, scale, HAS_SCALE: tl.constexpr, ACCUMULATE: tl.constexpr):
+    """A scatter tile's fp32 output: scale_r * product (+ the earlier slots' sums y_old);
+    y_old and scale are read only where ACCUMULATE and HAS_SCALE say. scale * product + sums
+    is one rounding in every config, written out: the compiler fuses a multiply and an add
+    only where both sit in one basic block, so the code around them would decide the last
+    bit (run 4: a multiply and an add a branch apart differed from this by one bf16 ulp)."""
+    if ACCUMULATE:
+        if HAS_SCALE:
+            acc = tl.fma(acc, scale[:, None], y_old.to(tl.float32))
+        else:
+            acc += y_old.to(tl.float32)
+    elif HAS_SCALE:
+        acc = acc * scale[:, None]
+    return acc
+
+
+@triton.jit
 def _scatter_row_tile(
     a_ptr, w_ptr, y_ptr, tok_ptr, scale_ptr, order_ptr, e, row0, row_end, tile_n0, N, KD,
     stride_am, stride_ak, stride_we, stride_wk, stride_wn, stride_ym, stride_yn,
@@ -214,14 +231,9 @@ def _scatter_row_tile(
                                  mask=row_ok[:, None] & ahead[None, :], other=0.0)
             else:
                 y_old = tl.load(y_ptrs, mask=mask, other=0.0)
-        acc = tl.dot(a, w, input_precision=PRECISION)
-        if ACCUMULATE:
-            if HAS_SCALE:  # one rounding (scatter_mm_kernel says why)
-                acc = tl.fma(acc, scale[:, None], y_old.to(tl.float32))
-            else:
-                acc += y_old.to(tl.float32)
-        elif HAS_SCALE:
-            acc = acc * scale[:, None]
+        acc = _scaled_sum(tl.dot(a, w, input_precision=PRECISION),
+                          y_old if ACCUMULATE else None, scale if HAS_SCALE else None,
+                          HAS_SCALE, ACCUMULATE)
         tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=mask)
         cols += BLOCK_N
         w_ptrs += BLOCK_N * stride_wn
@@ -282,19 +294,10 @@ def scatter_mm_kernel(
     acc = _rows_times_expert(a_ptr, w_ptr, rows.to(tl.int64), row_ok, cols, col_ok, e, KD,
                              stride_am, stride_ak, stride_we, stride_wk, stride_wn,
                              DOT_F32, PRECISION, BLOCK_M, BLOCK_N, BLOCK_K)
-    if ACCUMULATE:
-        if not EARLY_Y:
-            y_old = tl.load(y_ptrs, mask=mask, other=0.0)
-        if HAS_SCALE:
-            # scale * product + the earlier sums with one rounding in every config, written
-            # out: the compiler fuses a multiply and an add only where both sit in one basic
-            # block, so the code around them would decide the last bit (run 4: a multiply
-            # and an add a branch apart differed from this by one bf16 ulp)
-            acc = tl.fma(acc, scale[:, None], y_old.to(tl.float32))
-        else:
-            acc += y_old.to(tl.float32)
-    elif HAS_SCALE:
-        acc = acc * scale[:, None]
+    if ACCUMULATE and not EARLY_Y:
+        y_old = tl.load(y_ptrs, mask=mask, other=0.0)
+    acc = _scaled_sum(acc, y_old if ACCUMULATE else None, scale if HAS_SCALE else None,
+                      HAS_SCALE, ACCUMULATE)
     tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=mask)
 
 

@@ -108,10 +108,10 @@ def bench_shape(shape, device, dtype, warmup, reps, batch=None, profile=0, chunk
         batch //= 2
 
 
-def moe_kinds(chunks=()) -> list[str]:
-    """The sigma-MoE models timed beside the dense one: the default, and one a C of
-    `chunks` (its expert layers in C token chunks, `ffn.n_chunks`)."""
-    return ["sigma_moe", *(f"sigma_moe C={c}" for c in chunks)]
+def moe_kinds(chunks=()) -> dict[str, int | None]:
+    """The sigma-MoE models timed beside the dense one, by name: the default, and one a C
+    of `chunks` (its expert layers in C token chunks, `ffn.n_chunks`) -> their n_chunks."""
+    return {"sigma_moe": None, **{f"sigma_moe C={c}": c for c in chunks}}
 
 
 def bench_batch(shape, device, dtype, warmup, reps, batch, profile=0, chunks=()) -> dict:
@@ -125,16 +125,14 @@ def bench_batch(shape, device, dtype, warmup, reps, batch, profile=0, chunks=())
         with torch.autocast("cuda", dtype=dtype, enabled=dtype != torch.float32):  # in both
             torch.ones(8, 8, device=device, requires_grad=True).mm(  # twins' baseline
                 torch.ones(8, 8, device=device)).sum().backward()
-    for kind in ("dense", *moe_kinds(chunks)):
+    for kind, n_chunks in {"dense": None, **moe_kinds(chunks)}.items():
         torch.manual_seed(0)
-        base_kind, _, c = kind.partition(" C=")
-        model, ctx, vocab = build(shape, base_kind, int(c) if c else None)
+        model, ctx, vocab = build(shape, "dense" if kind == "dense" else "sigma_moe", n_chunks)
         base = torch.cuda.memory_allocated() if device.type == "cuda" else 0
         model.to(device).train()
         # the layers' kernels compiled ahead at their shapes: WT-S's d_model of 412, no
         # multiple of 16, makes kernels of its own, which the kernel benchmarks' did not
-        if base_kind == "sigma_moe" and (said := model.cfg.ffn.precompile(batch * ctx, device,
-                                                                          dtype)):
+        if kind != "dense" and (said := model.cfg.ffn.precompile(batch * ctx, device, dtype)):
             print(said.line)
         steps[kind] = make_step(model, ctx, batch, vocab, device, dtype)
         # the first step creates Adam's state (counted: it stays) and autotunes the Triton
