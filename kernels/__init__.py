@@ -4,8 +4,9 @@ Importable with torch alone (Triton optional, no GPU needed): no Hydra here.
 
     y_t = sum_k gate[t,k] * W2[e_tk]^T dropout(relu(W1[e_tk]^T x_t))
 
-`moe_mlp` is the one entry point the FFN variants call (and `topk` for their selection:
-torch.topk, or on CUDA one Triton kernel, kernels/triton_topk.py). Backends:
+`moe_mlp` is the one entry point the FFN variants call (and for their selection
+`selector_logits`, the selector's product sharing x with the experts, kernels/selector.py,
+and `topk`: torch.topk, or on CUDA one Triton kernel, kernels/triton_topk.py). Backends:
     auto            triton on CUDA (triton_unfused when hidden dropout is active), else
                     grouped_mm on CUDA when applicable, else torch
     triton          fused Triton kernels (kernels/triton_ops.py); no hidden dropout
@@ -25,6 +26,7 @@ import torch
 from kernels.grouped_mm import grouped_mm_problem, moe_mlp_grouped_mm
 from kernels.reference import moe_mlp_reference
 from kernels.routing import Routing, make_routing
+from kernels.selector import compute_dtype, selector_logits
 from kernels.torch_path import cpu_chunks, moe_mlp_torch
 
 if TYPE_CHECKING:  # (Triton is optional)
@@ -113,14 +115,6 @@ def selection_backend(moe_backend: str) -> str:
     return "torch" if moe_backend in ("torch", "reference") else "auto"
 
 
-def _compute_dtype(x_TD: torch.Tensor) -> torch.dtype:
-    # under autocast the custom ops would see mixed dtypes: compute in the autocast dtype,
-    # except for float64, which autocast leaves alone
-    if torch.is_autocast_enabled(x_TD.device.type) and x_TD.dtype != torch.float64:
-        return torch.get_autocast_dtype(x_TD.device.type)
-    return x_TD.dtype
-
-
 def check_inputs(x_TD, expert_TK, gate_TK, w1_EDG, w2_EGD, hidden_dropout) -> None:
     """ValueError for inputs no backend computes correctly (some would return garbage)."""
     E, D, G = w1_EDG.shape if w1_EDG.dim() == 3 else (None,) * 3
@@ -168,7 +162,7 @@ def moe_mlp(x_TD, expert_TK, gate_TK, w1_EDG, w2_EGD, hidden_dropout=0.0, traini
         return moe_mlp_reference(x_TD, expert_TK, gate_TK, w1_EDG, w2_EGD, hidden_dropout,
                                  training)
     dropout = bool(training) and hidden_dropout > 0
-    dtype = _compute_dtype(x_TD)  # the dtype the backend computes in decides which can
+    dtype = compute_dtype(x_TD)  # the dtype the backend computes in decides which can
     x_TD, gate_TK, w1_EDG, w2_EGD = (t.to(dtype) for t in (x_TD, gate_TK, w1_EDG, w2_EGD))
     name = resolve_backend(backend, x_TD, w1_EDG, dropout)
     if n_chunks is None:
@@ -230,5 +224,5 @@ def _moe_step(tokens, d_model, n_experts, expert_size, k, hidden_dropout, backen
 __all__ = [
     "BACKENDS", "HAS_TRITON", "Routing", "backend_problem", "check_inputs", "make_routing",
     "moe_mlp", "moe_mlp_reference", "precompile_moe", "resolve_backend", "selection_backend",
-    "topk",
+    "selector_logits", "topk",
 ]

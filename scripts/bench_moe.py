@@ -143,8 +143,9 @@ def make_layers(c: dict, T: int, K: int, device: str, dtype: torch.dtype, backen
         select = kernels.selection_backend(backend)
 
         def forward():
-            gate, expert = kernels.topk(torch.sigmoid(x @ w3.T), K, backend=select)
-            y = kernels.moe_mlp(x, expert, gate, w1, w2, backend=backend, n_chunks=n_chunks)
+            logits, xe = kernels.selector_logits(x, w3)
+            gate, expert = kernels.topk(torch.sigmoid(logits), K, backend=select)
+            y = kernels.moe_mlp(xe, expert, gate, w1, w2, backend=backend, n_chunks=n_chunks)
             return y, (x, w1, w2, w3)
         return forward
 

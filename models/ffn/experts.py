@@ -18,7 +18,7 @@ import torch.nn as nn
 
 import kernels
 from framework.config import ConfigError, check_probability
-from kernels import BACKENDS, moe_mlp, selection_backend, topk
+from kernels import BACKENDS, moe_mlp, selection_backend, selector_logits, topk
 from models.ffn.base import FFN
 
 
@@ -112,7 +112,8 @@ class ExpertsFFN(FFN):
 
     def forward(self, x_BTD: torch.Tensor) -> torch.Tensor:
         x_TD = x_BTD.reshape(-1, x_BTD.shape[-1])
-        logits_TE = x_TD @ self.w3_ED.T
+        # x cast once for both uses; the backward adds the two x gradients in one product
+        logits_TE, x_TD = selector_logits(x_TD, self.w3_ED)
         expert_TK, gate_TK = self.select(logits_TE)
         self.stats.record_moe(expert_TK, gate_TK, self.cfg.n_experts)
         y_TD = moe_mlp(
