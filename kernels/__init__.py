@@ -6,7 +6,9 @@ Importable with torch alone (Triton optional, no GPU needed): no Hydra here.
 
 `moe_mlp` is the one entry point the FFN variants call (and for their selection
 `selector_logits`, the selector's product sharing x with the experts, kernels/selector.py,
-and `topk`: torch.topk, or on CUDA one Triton kernel, kernels/triton_topk.py). Backends:
+and `topk`: torch.topk, or on CUDA one Triton kernel, kernels/triton_topk.py). The
+attention's relative shift runs on kernels/triton_relshift.py on CUDA (`relshift_*`).
+Backends:
     auto            triton on CUDA (triton_unfused when hidden dropout is active), else
                     grouped_mm on CUDA when applicable, else torch
     triton          fused Triton kernels (kernels/triton_ops.py); no hidden dropout
@@ -36,11 +38,13 @@ try:  # Triton is optional: without it (or without a GPU) everything but "triton
     from kernels import triton_ops
     from kernels.triton_launch import INTERPRET as TRITON_INTERPRET
     from kernels.triton_launch import interpreter_problem
+    from kernels.triton_relshift import relshift_bias, relshift_bias_grad
     from kernels.triton_topk import topk_ids
 
     HAS_TRITON, _TRITON_ERROR = True, ""
 except ImportError as err:  # pragma: no cover - depends on the install
     triton_ops, TRITON_INTERPRET, interpreter_problem, topk_ids = None, False, None, None
+    relshift_bias = relshift_bias_grad = None
     HAS_TRITON, _TRITON_ERROR = False, str(err)
 
 BACKENDS = ("auto", "triton", "triton_unfused", "grouped_mm", "torch", "reference")
@@ -107,6 +111,12 @@ def topk(s_TE: torch.Tensor, k: int, backend: str = "auto"):
         raise ValueError(f"top-k backend 'triton' cannot run on these inputs: {problem}")
     ids_TK = topk_ids(s_TE, k)
     return s_TE.gather(-1, ids_TK), ids_TK
+
+
+def relshift_available(bd_HBTP: torch.Tensor) -> bool:
+    """Whether models/attention.py's relative shift runs on the Triton kernels of
+    kernels/triton_relshift.py (CUDA with Triton; torch.where on the strided view else)."""
+    return HAS_TRITON and bd_HBTP.is_cuda
 
 
 def selection_backend(moe_backend: str) -> str:
@@ -223,6 +233,7 @@ def _moe_step(tokens, d_model, n_experts, expert_size, k, hidden_dropout, backen
 
 __all__ = [
     "BACKENDS", "HAS_TRITON", "Routing", "backend_problem", "check_inputs", "make_routing",
-    "moe_mlp", "moe_mlp_reference", "precompile_moe", "resolve_backend", "selection_backend",
+    "moe_mlp", "moe_mlp_reference", "precompile_moe", "relshift_available", "relshift_bias",
+    "relshift_bias_grad", "resolve_backend", "selection_backend",
     "selector_logits", "topk",
 ]

@@ -6,6 +6,8 @@ R are sinusoidal encodings of the offset, projected by a bias-free linear layer;
 are learned per-head biases (zero at init); `scale` is a learnable scalar initialised to
 1/sqrt(head_dim). Queries come from the current segment, keys/values from
 [memory ; current]. Head count and size are independent of d_model (WT-S: 10 x 41, 412).
+The positional term reaches SDPA as an additive bias, shifted and masked by `position_bias`
+(torch) or, on CUDA, by kernels/triton_relshift.py (one coalesced pass each way).
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+import kernels
 from framework.config import ConfigError
 from models.ffn.base import trunc_normal_
 
@@ -54,29 +57,49 @@ def shifted_view(bd_HBTP: torch.Tensor) -> torch.Tensor:
                               bd_HBTP.storage_offset() + T - 1)
 
 
-class _PositionBias(torch.autograd.Function):
+def future_mask(T: int, L: int, device) -> torch.Tensor:
+    """[T, L] bool, True where key j is after query i: j > M + i (M = L - T memory keys)."""
+    return torch.ones(T, L, dtype=torch.bool, device=device).triu(L - T + 1)
+
+
+def position_bias(bd_HBTP: torch.Tensor) -> torch.Tensor:
     """bd_HBTP [H, B, T, L + 1] -> the additive attention bias [B, H, T, L]: the shifted
-    view, -inf on the future keys. One pass over the [B, H, T, L] tensor each way."""
+    view, -inf on the future keys. The reference of kernels/triton_relshift.py."""
+    H, B, T, P = bd_HBTP.shape
+    shifted_BHTL = shifted_view(bd_HBTP)
+    # explicit [B, H, T, L] layout for SDPA (the view's strides are ordered H, B)
+    bias_BHTL = bd_HBTP.new_empty(shifted_BHTL.shape)
+    neg_inf = bd_HBTP.new_full((), float("-inf"))  # where(out=) takes tensors only
+    return torch.where(future_mask(T, P - 1, bd_HBTP.device), neg_inf, shifted_BHTL,
+                       out=bias_BHTL)
+
+
+def position_bias_grad(grad_BHTL: torch.Tensor) -> torch.Tensor:
+    """`position_bias`'s backward: the bias's gradient [B, H, T, L] laid back into the
+    [H, B, T, L + 1] layout, zeros outside the window and on the future keys."""
+    B, H, T, L = grad_BHTL.shape
+    grad_HBTP = grad_BHTL.new_empty(H, B, T, L + 1)
+    blocks = grad_HBTP.view(H * B, T * (L + 1))
+    blocks[:, : T - 1].zero_()  # the elements outside each block's window
+    blocks[:, T - 1 + T * L :].zero_()
+    torch.where(future_mask(T, L, grad_BHTL.device), grad_BHTL.new_zeros(()), grad_BHTL,
+                out=shifted_view(grad_HBTP))
+    return grad_HBTP
+
+
+class _PositionBias(torch.autograd.Function):
+    """`position_bias` with its backward; `fast`: by the Triton kernels (one coalesced pass
+    each way, kernels/triton_relshift.py) instead of torch.where on the strided view."""
 
     @staticmethod
-    def forward(ctx, bd_HBTP: torch.Tensor, future_TL: torch.Tensor) -> torch.Tensor:
-        ctx.save_for_backward(future_TL)
-        shifted_BHTL = shifted_view(bd_HBTP)
-        # explicit [B, H, T, L] layout for SDPA (the view's strides are ordered H, B)
-        bias_BHTL = bd_HBTP.new_empty(shifted_BHTL.shape)
-        neg_inf = bd_HBTP.new_full((), float("-inf"))  # where(out=) takes tensors only
-        return torch.where(future_TL, neg_inf, shifted_BHTL, out=bias_BHTL)
+    def forward(ctx, bd_HBTP: torch.Tensor, fast: bool) -> torch.Tensor:
+        ctx.fast = fast
+        return (kernels.relshift_bias if fast else position_bias)(bd_HBTP)
 
     @staticmethod
     def backward(ctx, grad_BHTL: torch.Tensor):
-        (future_TL,) = ctx.saved_tensors
-        B, H, T, L = grad_BHTL.shape
-        grad_HBTP = grad_BHTL.new_empty(H, B, T, L + 1)
-        blocks = grad_HBTP.view(H * B, T * (L + 1))
-        blocks[:, : T - 1].zero_()  # the elements outside each block's window
-        blocks[:, T - 1 + T * L :].zero_()
-        torch.where(future_TL, grad_BHTL.new_zeros(()), grad_BHTL, out=shifted_view(grad_HBTP))
-        return grad_HBTP, None
+        grad_fn = kernels.relshift_bias_grad if ctx.fast else position_bias_grad
+        return grad_fn(grad_BHTL), None
 
 
 class RelativeAttention(nn.Module):
@@ -98,8 +121,7 @@ class RelativeAttention(nn.Module):
         B, T, _ = h_BTD.shape
         H, C = cfg.n_heads, cfg.head_dim
         cat_BLD = h_BTD if mem_BMD is None else torch.cat([mem_BMD.to(h_BTD.dtype), h_BTD], 1)
-        L = cat_BLD.shape[1]
-        M = L - T
+        L = cat_BLD.shape[1]  # M = L - T memory positions, then the segment
         # one weight, two products: queries of the segment, keys/values of memory + segment
         q_BTHC = F.linear(h_BTD, self.qkv.weight[: H * C]).view(B, T, H, C)
         kv = F.linear(cat_BLD, self.qkv.weight[H * C :])
@@ -117,9 +139,9 @@ class RelativeAttention(nn.Module):
         r_HCP = F.pad(r_HLC, (0, 0, 0, 1)).transpose(1, 2)
         qv_HNC = ((q_BTHC + v_HC) * scale).permute(2, 0, 1, 3).reshape(H, B * T, C)
         bd_HBTP = torch.bmm(qv_HNC, r_HCP).view(H, B, T, L + 1)
-        # Key j is visible to query i iff j <= M + i: all memory plus the causal past.
-        future_TL = torch.ones(T, L, dtype=torch.bool, device=h_BTD.device).triu(M + 1)
-        bias_BHTL = _PositionBias.apply(bd_HBTP, future_TL)
+        # shifted to key positions; key j is visible to query i iff j <= M + i (all memory
+        # plus the causal past), -inf elsewhere
+        bias_BHTL = _PositionBias.apply(bd_HBTP, kernels.relshift_available(bd_HBTP))
         # scale * [(q+u).k + bd]: fold the learnable scale into q, the positional term
         # into the additive mask, and let SDPA pick a fused kernel.
         q_BHTC = ((q_BTHC + u_HC) * scale).transpose(1, 2)

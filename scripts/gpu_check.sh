@@ -11,6 +11,7 @@
 #   products each of the layer's products beside cuBLAS's bmm of its FLOPs and beside itself
 #            on rearranged rows: pre-gathered, token-interleaved (bench_products.py)
 #   tests    the kernel tests, the `gpu` ones included
+#   relshift the attention's relative shift + mask, torch.where vs the Triton kernels
 #   train    WT-S and WT-B training steps, dense vs sigma-MoE (also in 4 token chunks), and
 #            the steps' slowest kernels
 #   ncu      hardware counters of the dense and the fused layer (Nsight Compute)
@@ -30,13 +31,13 @@
 # PACK=1: the results go into OUT/gpu_check.tar.gz, rewritten after every step, beside the
 #   log; for a machine that returns only a few files.
 # Each step's limit in seconds: MOE_LIMIT, PROFILE_LIMIT, PRODUCTS_LIMIT, TESTS_LIMIT,
-# TRAIN_LIMIT, NCU_LIMIT, SWEEP_LIMIT, SWEEPS_LIMIT. TESTS_MARK=gpu runs the `gpu` tests
+# RELSHIFT_LIMIT, TRAIN_LIMIT, NCU_LIMIT, SWEEP_LIMIT, SWEEPS_LIMIT. TESTS_MARK=gpu runs the `gpu` tests
 # only; TESTS_WORKERS=1 runs them in one process.
 set -uo pipefail
 SECONDS=0  # bash would take an exported SECONDS as its start
 cd "$(dirname "$0")/.." || exit
 out=${1:-${OUT:-runs/gpu_check}}
-steps=${STEPS:-env moe profile products tests train ncu sweep}
+steps=${STEPS:-env moe profile products tests relshift train ncu sweep}
 py=${PYTHON:-python3}
 budget=${BUDGET:-}
 min_step=${MIN_STEP:-20}
@@ -111,7 +112,9 @@ fi
 run tests "${TESTS_LIMIT:-200}" "$py" -m pytest -q -p no:cacheprovider "${workers[@]}" \
   tests/test_kernels_triton.py tests/test_kernels_triton_configs.py \
   tests/test_kernels_precompile.py tests/test_kernels_topk.py tests/test_bench_products.py \
+  tests/test_kernels_relshift.py tests/test_kernels_selector.py \
   -m "${TESTS_MARK:-not slow}" -k "not hopper and not smem_estimate and not spills"
+run relshift "${RELSHIFT_LIMIT:-30}" "$py" scripts/bench_relshift.py --out "$res/relshift.json"
 run train "${TRAIN_LIMIT:-120}" "$py" scripts/bench_train.py --reps 5 --profile 12 \
   --chunks 4 --out "$res/train.json"
 # one forward+backward of the dense and the fused layer (also in 4 token chunks: does the

@@ -98,15 +98,15 @@ def test_gpu_check_runs_only_commands_its_scripts_accept(tmp_path, monkeypatch):
     import importlib
 
     calls, steps, _ = _gpu_check(
-        tmp_path, STEPS="env moe profile products tests train ncu sweep sweeps")
-    assert [s for s, _ in steps] == ["env", "moe", "profile", "products", "tests", "train",
-                                     "ncu", "sweep", "sweeps"]
+        tmp_path, STEPS="env moe profile products tests relshift train ncu sweep sweeps")
+    assert [s for s, _ in steps] == ["env", "moe", "profile", "products", "tests", "relshift",
+                                     "train", "ncu", "sweep", "sweeps"]
     scripts = {}
     for call in calls:
         if call[0].startswith("scripts/"):
             scripts.setdefault(Path(call[0]).stem, []).append(call[1:])
-    assert sorted(scripts) == ["autotune_table", "bench_moe", "bench_products", "bench_train",
-                               "ncu_table", "profile_moe"]
+    assert sorted(scripts) == ["autotune_table", "bench_moe", "bench_products",
+                               "bench_relshift", "bench_train", "ncu_table", "profile_moe"]
     assert calls[-1][0] == "scripts/autotune_table.py"  # after every step
     assert ["-m", "pytest"] == next(c for c in calls if c[0] == "-m")[:2]
     ncu_call = next(c for c in calls if c[0] == "ncu")
