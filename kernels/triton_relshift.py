@@ -4,8 +4,9 @@
     bias[b, h, i, j] = bd[h, b, i, j + T - 1 - i]  if j <= M + i  else -inf      (forward)
     dbd[h, b, i, p]  = dbias[b, h, i, p - T + 1 + i]  where 0 <= that <= M + i, else 0
 
-bd_HBTP [H, B, T, L + 1] holds each query's positional scores over the offsets L-1 .. 0 and
-one spare column; M = L - T memory positions. In plain torch (models/attention.py, the
+bd_HBTP [H, B, T, P] holds each query's positional scores over the offsets L-1 .. 0 in its
+first L columns, spare ones after them (P >= L + 1, models/attention.bd_width); M = L - T
+memory positions. In plain torch (models/attention.py, the
 reference these kernels are tested against) both directions are a `torch.where` over a
 strided view of bd with a broadcast [T, L] mask: TensorIterator cannot vectorise it (the
 view's (h, b) blocks are not contiguous with each other), and at WT-B's [64, 16, 512, 1024]
@@ -24,7 +25,7 @@ ROWS, BLOCK_C, WARPS = 8, 256, 4  # 2048 elements a tile: a bandwidth kernel, ~1
 
 
 @triton.jit
-def relshift_kernel(src_ptr, dst_ptr, n_rows, H, B, T, L, FILL: tl.constexpr,
+def relshift_kernel(src_ptr, dst_ptr, n_rows, H, B, T, L, P, FILL: tl.constexpr,
                     BACKWARD: tl.constexpr, ROWS: tl.constexpr, BLOCK_C: tl.constexpr):
     # rows in bd's [H, B, T] order; the bias's row of the same (b, h, i) is m
     n = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
@@ -35,16 +36,16 @@ def relshift_kernel(src_ptr, dst_ptr, n_rows, H, B, T, L, FILL: tl.constexpr,
     shift = T - 1 - i  # bd column of the bias's column j = 0
     last = L - T + i  # the last visible key, M + i
     row_ok = n < n_rows
-    width = L + 1 if BACKWARD else L  # the destination's row
+    width = P if BACKWARD else L  # the destination's row
     for c0 in range(0, width, BLOCK_C):
         c = c0 + tl.arange(0, BLOCK_C)
         if BACKWARD:  # destination bd column c, source bias column j
             j = c[None, :] - shift[:, None]
             src = src_ptr + m64[:, None] * L + j
-            dst = dst_ptr + n64[:, None] * (L + 1) + c[None, :]
+            dst = dst_ptr + n64[:, None] * P + c[None, :]
         else:
             j = c[None, :] + tl.zeros_like(shift)[:, None]
-            src = src_ptr + n64[:, None] * (L + 1) + (j + shift[:, None])
+            src = src_ptr + n64[:, None] * P + (j + shift[:, None])
             dst = dst_ptr + m64[:, None] * L + c[None, :]
         in_dst = row_ok[:, None] & (c[None, :] < width)
         visible = (j >= 0) & (j <= last[:, None])
@@ -52,40 +53,49 @@ def relshift_kernel(src_ptr, dst_ptr, n_rows, H, B, T, L, FILL: tl.constexpr,
 
 
 @_on_tensor_device
-def _launch(src: Tensor, dst: Tensor, H: int, B: int, T: int, L: int, backward: bool) -> None:
+def _launch(src: Tensor, dst: Tensor, H: int, B: int, T: int, L: int, P: int,
+            backward: bool) -> None:
     n_rows = H * B * T
     relshift_kernel[(cdiv(n_rows, ROWS),)](
-        src, dst, n_rows, H, B, T, L, FILL=0.0 if backward else float("-inf"),
+        src, dst, n_rows, H, B, T, L, P, FILL=0.0 if backward else float("-inf"),
         BACKWARD=backward, ROWS=ROWS, BLOCK_C=BLOCK_C, num_warps=WARPS)
 
 
+def _check(T: int, L: int, P: int) -> None:
+    if not T <= L < P:
+        raise ValueError(f"relshift: needs T <= L < P (queries, keys, bd's row), got T={T}, "
+                         f"L={L}, P={P}")
+
+
 @torch.library.custom_op("sigma_moe::relshift_bias", mutates_args=())
-def relshift_bias(bd_HBTP: Tensor) -> Tensor:
-    """bd_HBTP [H, B, T, L + 1] (contiguous) -> the masked, shifted bias [B, H, T, L]."""
+def relshift_bias(bd_HBTP: Tensor, L: int) -> Tensor:
+    """bd_HBTP [H, B, T, P] -> the masked, shifted bias [B, H, T, L]."""
     H, B, T, P = bd_HBTP.shape
-    bias_BHTL = bd_HBTP.new_empty(B, H, T, P - 1)
+    _check(T, L, P)
+    bias_BHTL = bd_HBTP.new_empty(B, H, T, L)
     if bias_BHTL.numel():
-        _launch(bd_HBTP.contiguous(), bias_BHTL, H, B, T, P - 1, backward=False)
+        _launch(bd_HBTP.contiguous(), bias_BHTL, H, B, T, L, P, backward=False)
     return bias_BHTL
 
 
 @relshift_bias.register_fake
-def _(bd_HBTP):
-    H, B, T, P = bd_HBTP.shape
-    return bd_HBTP.new_empty(B, H, T, P - 1)
+def _(bd_HBTP, L):
+    H, B, T, _ = bd_HBTP.shape
+    return bd_HBTP.new_empty(B, H, T, L)
 
 
 @torch.library.custom_op("sigma_moe::relshift_bias_grad", mutates_args=())
-def relshift_bias_grad(grad_BHTL: Tensor) -> Tensor:
-    """The bias's gradient [B, H, T, L] -> bd's [H, B, T, L + 1] (zero where unread)."""
+def relshift_bias_grad(grad_BHTL: Tensor, P: int) -> Tensor:
+    """The bias's gradient [B, H, T, L] -> bd's [H, B, T, P] (zero where unread)."""
     B, H, T, L = grad_BHTL.shape
-    grad_HBTP = grad_BHTL.new_empty(H, B, T, L + 1)
+    _check(T, L, P)
+    grad_HBTP = grad_BHTL.new_empty(H, B, T, P)
     if grad_HBTP.numel():
-        _launch(grad_BHTL.contiguous(), grad_HBTP, H, B, T, L, backward=True)
+        _launch(grad_BHTL.contiguous(), grad_HBTP, H, B, T, L, P, backward=True)
     return grad_HBTP
 
 
 @relshift_bias_grad.register_fake
-def _(grad_BHTL):
-    B, H, T, L = grad_BHTL.shape
-    return grad_BHTL.new_empty(H, B, T, L + 1)
+def _(grad_BHTL, P):
+    B, H, T, _ = grad_BHTL.shape
+    return grad_BHTL.new_empty(H, B, T, P)

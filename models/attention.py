@@ -42,18 +42,29 @@ def sinusoid_encoding(distances_L: torch.Tensor, d_model: int) -> torch.Tensor:
     return torch.cat([angles_LF.sin(), angles_LF.cos()], dim=-1)
 
 
-def shifted_view(bd_HBTP: torch.Tensor) -> torch.Tensor:
-    """Transformer-XL's relative shift as a strided view, no copy. bd_HBTP [H, B, T, L + 1]
-    holds scores over offsets [L-1 .. 0] plus one spare column; the view [B, H, T, L] is
-    out[b, h, i, j] = bd[h, b, i, j + T - 1 - i] (offset M + i - j). With rows L + 1 wide,
-    that element sits at i * L + j + T - 1 in its (h, b) block: a row stride of L from
-    offset T - 1, so the view is a plain window of each block (T - 1 elements before it, one
-    after). Entries with j > M + i read the next row or the spare column; the mask removes
-    them. (The usual pad-and-reshape shift makes two copies of the layer's largest tensor.)"""
+def bd_width(L: int) -> int:
+    """P, the row length of the positional scores bd_HBTP [H, B, T, P]: the L offsets and at
+    least one spare column (the shift needs P >= L + 1), rounded up to 8 elements so that
+    bd's rows are 16-byte aligned. With L + 1 = 1025 columns (WT-B), run 4b's H200 step
+    profile has three cuBLAS `align1` kernels, one call a layer each in both models, which
+    only bd's product and its two gradients explain: 35 + 25 + 16 ms of a 486 ms step
+    (benchmarks/gpu_h200.md, item 17)."""
+    return (L + 1 + 7) // 8 * 8
+
+
+def shifted_view(bd_HBTP: torch.Tensor, L: int) -> torch.Tensor:
+    """Transformer-XL's relative shift as a strided view, no copy. bd_HBTP [H, B, T, P]
+    holds scores over offsets [L-1 .. 0] in its first L columns, spare ones after them
+    (P >= L + 1); the view [B, H, T, L] is out[b, h, i, j] = bd[h, b, i, j + T - 1 - i]
+    (offset M + i - j). That element sits at i * P + j + T - 1 - i = i * (P - 1) + j + T - 1
+    in its (h, b) block: a row stride of P - 1 from offset T - 1. Entries with j > M + i
+    read the spare columns or the start of the next row; the mask removes them. (The usual
+    pad-and-reshape shift makes two copies of the layer's largest tensor.)"""
     H, B, T, P = bd_HBTP.shape
-    if not bd_HBTP.is_contiguous():  # the strides below assume the dense layout
-        raise ValueError("shifted_view needs contiguous [H, B, T, L + 1] scores")
-    return bd_HBTP.as_strided((B, H, T, P - 1), (T * P, B * T * P, P - 1, 1),
+    if not bd_HBTP.is_contiguous() or P < L + 1:  # the strides below assume both
+        raise ValueError(f"shifted_view needs contiguous [H, B, T, P >= L + 1] scores, got "
+                         f"{list(bd_HBTP.shape)} with L={L}")
+    return bd_HBTP.as_strided((B, H, T, L), (T * P, B * T * P, P - 1, 1),
                               bd_HBTP.storage_offset() + T - 1)
 
 
@@ -62,28 +73,25 @@ def future_mask(T: int, L: int, device) -> torch.Tensor:
     return torch.ones(T, L, dtype=torch.bool, device=device).triu(L - T + 1)
 
 
-def position_bias(bd_HBTP: torch.Tensor) -> torch.Tensor:
-    """bd_HBTP [H, B, T, L + 1] -> the additive attention bias [B, H, T, L]: the shifted
-    view, -inf on the future keys. The reference of kernels/triton_relshift.py."""
-    H, B, T, P = bd_HBTP.shape
-    shifted_BHTL = shifted_view(bd_HBTP)
+def position_bias(bd_HBTP: torch.Tensor, L: int) -> torch.Tensor:
+    """bd_HBTP [H, B, T, P] -> the additive attention bias [B, H, T, L]: the shifted view,
+    -inf on the future keys. The reference of kernels/triton_relshift.py."""
+    T = bd_HBTP.shape[2]
+    shifted_BHTL = shifted_view(bd_HBTP, L)
     # explicit [B, H, T, L] layout for SDPA (the view's strides are ordered H, B)
     bias_BHTL = bd_HBTP.new_empty(shifted_BHTL.shape)
     neg_inf = bd_HBTP.new_full((), float("-inf"))  # where(out=) takes tensors only
-    return torch.where(future_mask(T, P - 1, bd_HBTP.device), neg_inf, shifted_BHTL,
+    return torch.where(future_mask(T, L, bd_HBTP.device), neg_inf, shifted_BHTL,
                        out=bias_BHTL)
 
 
-def position_bias_grad(grad_BHTL: torch.Tensor) -> torch.Tensor:
+def position_bias_grad(grad_BHTL: torch.Tensor, P: int) -> torch.Tensor:
     """`position_bias`'s backward: the bias's gradient [B, H, T, L] laid back into the
-    [H, B, T, L + 1] layout, zeros outside the window and on the future keys."""
+    [H, B, T, P] layout, zeros outside the window and on the future keys."""
     B, H, T, L = grad_BHTL.shape
-    grad_HBTP = grad_BHTL.new_empty(H, B, T, L + 1)
-    blocks = grad_HBTP.view(H * B, T * (L + 1))
-    blocks[:, : T - 1].zero_()  # the elements outside each block's window
-    blocks[:, T - 1 + T * L :].zero_()
+    grad_HBTP = grad_BHTL.new_zeros(H, B, T, P)  # (the view leaves gaps where P > L + 1)
     torch.where(future_mask(T, L, grad_BHTL.device), grad_BHTL.new_zeros(()), grad_BHTL,
-                out=shifted_view(grad_HBTP))
+                out=shifted_view(grad_HBTP, L))
     return grad_HBTP
 
 
@@ -92,14 +100,14 @@ class _PositionBias(torch.autograd.Function):
     each way, kernels/triton_relshift.py) instead of torch.where on the strided view."""
 
     @staticmethod
-    def forward(ctx, bd_HBTP: torch.Tensor, fast: bool) -> torch.Tensor:
-        ctx.fast = fast
-        return (kernels.relshift_bias if fast else position_bias)(bd_HBTP)
+    def forward(ctx, bd_HBTP: torch.Tensor, L: int, fast: bool) -> torch.Tensor:
+        ctx.fast, ctx.P = fast, bd_HBTP.shape[-1]
+        return (kernels.relshift_bias if fast else position_bias)(bd_HBTP, L)
 
     @staticmethod
     def backward(ctx, grad_BHTL: torch.Tensor):
         grad_fn = kernels.relshift_bias_grad if ctx.fast else position_bias_grad
-        return grad_fn(grad_BHTL), None
+        return grad_fn(grad_BHTL, ctx.P), None, None
 
 
 class RelativeAttention(nn.Module):
@@ -134,14 +142,15 @@ class RelativeAttention(nn.Module):
         # promote q (+u) and, through it, the [B, H, T, L] bias to fp32, which SDPA's autocast
         # then casts back: two full copies of the largest tensor of the layer, each way
         u_HC, v_HC, scale = (p.to(q_BTHC.dtype) for p in (self.u_HC, self.v_HC, self.scale))
-        # the positional scores over L offsets plus one zero column, for the strided shift;
-        # the scale goes on the [B, T, H, C] operand instead of the [B, H, T, L] product
-        r_HCP = F.pad(r_HLC, (0, 0, 0, 1)).transpose(1, 2)
+        # the positional scores over L offsets plus spare zero columns (bd_width), for the
+        # strided shift; the scale goes on the [B, T, H, C] operand, not the [B, H, T, L] one
+        P = bd_width(L)
+        r_HCP = F.pad(r_HLC, (0, 0, 0, P - L)).transpose(1, 2)
         qv_HNC = ((q_BTHC + v_HC) * scale).permute(2, 0, 1, 3).reshape(H, B * T, C)
-        bd_HBTP = torch.bmm(qv_HNC, r_HCP).view(H, B, T, L + 1)
+        bd_HBTP = torch.bmm(qv_HNC, r_HCP).view(H, B, T, P)
         # shifted to key positions; key j is visible to query i iff j <= M + i (all memory
         # plus the causal past), -inf elsewhere
-        bias_BHTL = _PositionBias.apply(bd_HBTP, kernels.relshift_available(bd_HBTP))
+        bias_BHTL = _PositionBias.apply(bd_HBTP, L, kernels.relshift_available(bd_HBTP))
         # scale * [(q+u).k + bd]: fold the learnable scale into q, the positional term
         # into the additive mask, and let SDPA pick a fused kernel.
         q_BHTC = ((q_BTHC + u_HC) * scale).transpose(1, 2)

@@ -26,7 +26,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kernels.triton_relshift import relshift_bias, relshift_bias_grad  # noqa: E402
-from models.attention import position_bias, position_bias_grad  # noqa: E402
+from models.attention import bd_width, position_bias, position_bias_grad  # noqa: E402
 from scripts.bench_common import (  # noqa: E402
     DTYPES,
     device_slug,
@@ -56,18 +56,21 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, list[str]]:
 def bench_shape(shape: str, args, device: str, dtype: torch.dtype) -> dict:
     _, layers, H, _, T, batch, *_ = SHAPES[shape]
     B, L = args.batch or batch, 2 * T  # memory as long as the segment (bench_train's)
-    bd = torch.randn(H, B, T, L + 1, device=device).to(dtype)
+    P = bd_width(L)
+    bd = torch.randn(H, B, T, P, device=device).to(dtype)
     grad = torch.randn(B, H, T, L, device=device).to(dtype)
-    same = (torch.equal(relshift_bias(bd), position_bias(bd))
-            and torch.equal(relshift_bias_grad(grad), position_bias_grad(grad)))
-    ms = time_all({"torch fwd": lambda: position_bias(bd), "triton fwd": lambda: relshift_bias(bd),
-                   "torch bwd": lambda: position_bias_grad(grad),
-                   "triton bwd": lambda: relshift_bias_grad(grad)},
+    same = (torch.equal(relshift_bias(bd, L), position_bias(bd, L))
+            and torch.equal(relshift_bias_grad(grad, P), position_bias_grad(grad, P)))
+    ms = time_all({"torch fwd": lambda: position_bias(bd, L),
+                   "triton fwd": lambda: relshift_bias(bd, L),
+                   "torch bwd": lambda: position_bias_grad(grad, P),
+                   "triton bwd": lambda: relshift_bias_grad(grad, P)},
                   device, args.warmup, args.reps)
     med = {k: statistics.median(v) for k, v in ms.items()}
     # each direction reads one of the two tensors and writes the other
     gb = (bd.numel() + grad.numel()) * bd.element_size() / 1e9
-    return {"shape": shape, "H": H, "B": B, "T": T, "L": L, "layers": layers, "equal": same,
+    return {"shape": shape, "H": H, "B": B, "T": T, "L": L, "P": P, "layers": layers,
+            "equal": same,
             "gb_moved": gb, "ms": med, "ms_all": ms,
             "gb_per_s": {k: gb / (v / 1e3) for k, v in med.items()},
             "triton_over_torch": {d: med[f"triton {d}"] / med[f"torch {d}"]

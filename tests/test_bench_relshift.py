@@ -17,10 +17,10 @@ def test_bench_relshift_checks_then_times(tmp_path, capsys):
             "--reps", "2", "--out", str(path)]
     bench_relshift.main(argv)
     (r,) = json.loads(path.read_text())["results"]
-    assert (r["H"], r["B"], r["T"], r["L"], r["equal"]) == (4, 1, 128, 256, True)
+    assert (r["H"], r["B"], r["T"], r["L"], r["P"], r["equal"]) == (4, 1, 128, 256, 264, True)
     assert list(r["ms"]) == ["torch fwd", "triton fwd", "torch bwd", "triton bwd"]
     assert all(len(v) == 2 for v in r["ms_all"].values())
-    assert r["gb_moved"] == pytest.approx(4 * 128 * (257 + 256) * 4 / 1e9)
+    assert r["gb_moved"] == pytest.approx(4 * 128 * (264 + 256) * 4 / 1e9)
     assert r["triton_over_torch"]["fwd"] == pytest.approx(
         r["ms"]["triton fwd"] / r["ms"]["torch fwd"])
     assert "check mini: Triton equals torch" in capsys.readouterr().out
@@ -31,7 +31,7 @@ def test_bench_relshift_fails_on_a_wrong_kernel(tmp_path, monkeypatch):
     from scripts import bench_relshift
 
     monkeypatch.setattr(bench_relshift, "relshift_bias_grad",
-                        lambda g: torch.zeros(g.shape[1], g.shape[0], g.shape[2], g.shape[3] + 1))
+                        lambda g, P: torch.zeros(g.shape[1], g.shape[0], g.shape[2], P))
     path = tmp_path / "relshift.json"
     with pytest.raises(SystemExit, match="differs"):
         bench_relshift.main(["--shapes", "mini", "--batch", "1", "--reps", "1", "--warmup", "0",

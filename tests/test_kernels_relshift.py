@@ -8,7 +8,12 @@ import torch
 
 pytest.importorskip("triton")
 from kernels.triton_relshift import relshift_bias, relshift_bias_grad  # noqa: E402
-from models.attention import _PositionBias, position_bias, position_bias_grad  # noqa: E402
+from models.attention import (  # noqa: E402
+    _PositionBias,
+    bd_width,
+    position_bias,
+    position_bias_grad,
+)
 from tests.triton_helpers import (  # noqa: E402
     DEVICE,
     TRITON_MARKS,
@@ -18,53 +23,64 @@ from tests.triton_helpers import (  # noqa: E402
 
 pytestmark = TRITON_MARKS
 
-# (H, B, T, M): memory or none, one query, rows not a multiple of ROWS, L + 1 past one
-# column block (256) so that the column loop runs twice with a ragged end
-SHAPES = [(2, 3, 5, 4), (1, 2, 4, 0), (3, 1, 1, 6), (1, 1, 9, 290)]
+# (H, B, T, M, spare columns of bd): memory or none, one query, rows not a multiple of
+# ROWS, the row past one column block (256) so that the column loop runs twice with a ragged
+# end, one spare column or bd_width's
+SHAPES = [(2, 3, 5, 4, 1), (1, 2, 4, 0, 4), (3, 1, 1, 6, 1), (1, 1, 9, 290, 1),
+          (2, 2, 7, 9, 8)]
 
 
-@pytest.mark.parametrize("H,B,T,M", SHAPES)
+@pytest.mark.parametrize("H,B,T,M,spare", SHAPES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
-def test_relshift_matches_torch(H, B, T, M, dtype):
+def test_relshift_matches_torch(H, B, T, M, spare, dtype):
     L = T + M
-    bd = torch.randn(H, B, T, L + 1, device=DEVICE).to(dtype)
-    want = position_bias(bd)
-    got = relshift_bias(bd)
+    P = L + spare
+    bd = torch.randn(H, B, T, P, device=DEVICE).to(dtype)
+    want = position_bias(bd, L)
+    got = relshift_bias(bd, L)
     assert got.shape == (B, H, T, L) and got.is_contiguous() and got.dtype == dtype
     assert torch.equal(got, want)
     grad = torch.randn(B, H, T, L, device=DEVICE).to(dtype)
-    want_grad = position_bias_grad(grad)
-    got_grad = relshift_bias_grad(grad)
-    assert got_grad.shape == (H, B, T, L + 1) and torch.equal(got_grad, want_grad)
+    want_grad = position_bias_grad(grad, P)
+    got_grad = relshift_bias_grad(grad, P)
+    assert got_grad.shape == (H, B, T, P) and torch.equal(got_grad, want_grad)
 
 
 def test_relshift_reads_a_non_contiguous_gradient():
     grad = torch.randn(3, 2, 4, 7, device=DEVICE).transpose(0, 1)  # [B, H, T, L], not contiguous
-    assert torch.equal(relshift_bias_grad(grad), position_bias_grad(grad.contiguous()))
+    assert torch.equal(relshift_bias_grad(grad, 8), position_bias_grad(grad.contiguous(), 8))
+
+
+def test_relshift_refuses_a_row_without_spare_column():
+    with pytest.raises(ValueError, match="T <= L < P"):
+        relshift_bias(torch.randn(1, 1, 3, 5, device=DEVICE), 5)
+    with pytest.raises(ValueError, match="T <= L < P"):
+        relshift_bias_grad(torch.randn(1, 1, 3, 5, device=DEVICE), 5)
 
 
 def test_position_bias_function_fast_equals_plain():
     """The autograd Function on either path: same bias, same gradient."""
-    bd = torch.randn(2, 3, 6, 10, device=DEVICE, requires_grad=True)
+    bd = torch.randn(2, 3, 6, 16, device=DEVICE, requires_grad=True)
     gy = torch.randn(3, 2, 6, 9, device=DEVICE)
-    out = [_PositionBias.apply(bd, fast) for fast in (False, True)]
+    out = [_PositionBias.apply(bd, 9, fast) for fast in (False, True)]
     grads = [torch.autograd.grad(o, bd, gy)[0] for o in out]
     assert torch.equal(out[0], out[1]) and torch.equal(grads[0], grads[1])
 
 
 def test_relshift_empty_batch():
-    assert relshift_bias(torch.randn(2, 0, 3, 5, device=DEVICE)).shape == (0, 2, 3, 4)
-    assert relshift_bias_grad(torch.randn(0, 2, 3, 4, device=DEVICE)).shape == (2, 0, 3, 5)
+    assert relshift_bias(torch.randn(2, 0, 3, 8, device=DEVICE), 4).shape == (0, 2, 3, 4)
+    assert relshift_bias_grad(torch.randn(0, 2, 3, 4, device=DEVICE), 8).shape == (2, 0, 3, 8)
 
 
 @pytest.mark.gpu
 def test_gpu_relshift_at_wt_b_shapes():
     """WT-B's heads, segment and memory (batch 4 of 64), bf16: 34M elements each way."""
     H, B, T, L = 16, 4, 512, 1024
-    bd = torch.randn(H, B, T, L + 1, device="cuda", dtype=torch.bfloat16)
-    assert torch.equal(relshift_bias(bd), position_bias(bd))
+    P = bd_width(L)
+    bd = torch.randn(H, B, T, P, device="cuda", dtype=torch.bfloat16)
+    assert torch.equal(relshift_bias(bd, L), position_bias(bd, L))
     grad = torch.randn(B, H, T, L, device="cuda", dtype=torch.bfloat16)
-    assert torch.equal(relshift_bias_grad(grad), position_bias_grad(grad))
+    assert torch.equal(relshift_bias_grad(grad, P), position_bias_grad(grad, P))
 
 
 _COMPILE = """
@@ -82,7 +98,7 @@ for dt in ("bf16", "fp32"):
                for n in names}
         # what a launch at WT-B's shapes specialises: aligned pointers, sizes divisible by 16
         attrs = {(names.index(n),): [["tt.divisibility", 16]]
-                 for n in ("src_ptr", "dst_ptr", "n_rows", "H", "B", "T", "L")}
+                 for n in ("src_ptr", "dst_ptr", "n_rows", "H", "B", "T", "L", "P")}
         c = triton.compile(ASTSource(relshift_kernel, sig, cex, attrs),
                            target=GPUTarget("cuda", 90, 32), options={"num_warps": WARPS})
         stores = set(re.findall(r"st\\.global(?:\\.\\w+)*", c.asm["ptx"]))
@@ -92,10 +108,9 @@ for dt in ("bf16", "fp32"):
 
 
 def test_relshift_compiles_for_hopper():
-    """Real Triton compiles both directions for sm_90 without spills (measured: 40-56
-    registers), the forward with 16-byte stores (the bias rows are aligned; the shifted
-    reads and bd's L + 1 rows are not, hence 2- or 4-byte accesses there)."""
+    """Real Triton compiles both directions for sm_90 without spills, with 16-byte stores
+    (the bias's rows and bd's, bd_width's, are aligned; the shifted reads are not)."""
     need_hopper_toolchain()
     reports = [json.loads(ln) for ln in outside_interpreter("-c", _COMPILE).splitlines()]
     assert len(reports) == 4 and all(r["spill_bytes"] == 0 for r in reports), reports
-    assert all(r["stores"] == ["st.global.v4.b32"] for r in reports if not r["backward"]), reports
+    assert all(r["stores"] == ["st.global.v4.b32"] for r in reports), reports

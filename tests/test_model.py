@@ -66,104 +66,53 @@ def test_memory_is_visible_and_bounded():
     assert (b - c).abs().max() > 1e-3  # memory content changes the output
 
 
-@pytest.mark.parametrize("T, M", [(3, 2), (4, 0), (1, 3)])
-def test_shifted_view_maps_offsets_to_key_positions(T, M):
+@pytest.mark.parametrize("T, M, spare", [(3, 2, 1), (4, 0, 1), (1, 3, 1), (3, 2, 6)])
+def test_shifted_view_maps_offsets_to_key_positions(T, M, spare):
     """out[b, h, i, j] = bd[h, b, i, j + T - 1 - i] (offset M + i - j) for every visible key,
-    read in place from the [H, B, T, L + 1] scores: no copy, and all in bounds."""
+    read in place from the [H, B, T, P] scores (P = L + spare): no copy, all in bounds."""
     H, B, L = 2, 3, T + M
-    bd = torch.arange(H * B * T * (L + 1), dtype=torch.float).view(H, B, T, L + 1)
-    out = shifted_view(bd)
+    bd = torch.arange(H * B * T * (L + spare), dtype=torch.float).view(H, B, T, L + spare)
+    out = shifted_view(bd, L)
     assert out.shape == (B, H, T, L) and out.data_ptr() >= bd.data_ptr()
     for b, h, i in itertools.product(range(B), range(H), range(T)):
         for j in range(M + i + 1):
             assert out[b, h, i, j] == bd[h, b, i, j + T - 1 - i]
     with pytest.raises(ValueError, match="contiguous"):
-        shifted_view(bd.transpose(0, 1))
+        shifted_view(bd.transpose(0, 1), L)
+    with pytest.raises(ValueError, match="P >= L"):
+        shifted_view(bd, L + spare)
 
 
-@pytest.mark.parametrize("T, M", [(3, 2), (4, 0), (1, 3)])
-def test_position_bias_gradient(T, M):
-    """The bias's backward (the gradient laid back into the unshifted [H, B, T, L + 1]
-    layout, zeros outside the window and on the future keys) against finite differences."""
+def test_bd_rows_are_16_byte_aligned():
+    from models.attention import bd_width
+
+    assert [bd_width(L) for L in (1, 7, 8, 1024, 1025)] == [8, 8, 16, 1032, 1032]
+
+
+@pytest.mark.parametrize("T, M, P", [(3, 2, 6), (4, 0, 5), (1, 3, 5), (3, 2, 8)])
+def test_position_bias_gradient(T, M, P):
+    """The bias's backward (the gradient laid back into the unshifted [H, B, T, P]
+    layout, zeros outside the window, in the spare columns and on the future keys)
+    against finite differences."""
     from models.attention import _PositionBias
 
     L = T + M
     future = torch.ones(T, L, dtype=torch.bool).triu(M + 1)
-    bd = torch.randn(2, 3, T, L + 1, dtype=torch.float64, requires_grad=True)
+    bd = torch.randn(2, 3, T, P, dtype=torch.float64, requires_grad=True)
 
     def finite_part(x):  # gradcheck cannot difference through -inf
-        return _PositionBias.apply(x, False).masked_fill(future, 0.0)
+        return _PositionBias.apply(x, L, False).masked_fill(future, 0.0)
 
     assert torch.autograd.gradcheck(finite_part, (bd,))
-    bias = _PositionBias.apply(bd, False)
+    bias = _PositionBias.apply(bd, L, False)
     assert bias.is_contiguous() and torch.isneginf(bias[:, :, future]).all()
-
-
-def test_linear_init_std_and_attention_params():
-    torch.manual_seed(3)
-    cfg = TransformerXLConfig(V, 256, 4, 4, 64, 0.0, 8, 8, "dense", DenseConfig(256, 4, 1024))
-    model = TransformerXL(cfg)
-    attn = model.blocks[0].attn
-    # truncated at 2 sigma, then rescaled: the sample std is exactly the nominal one (a
-    # plain cut would give 0.88x), and no value lies beyond ~2.3 std
-    for w, fan_in in ((attn.qkv.weight, 256), (model.blocks[0].ffn.w2.weight, 1024)):
-        want = math.sqrt(2 / (4 * fan_in))
-        assert w.std().item() == pytest.approx(want, rel=1e-5)
-        assert w.abs().max().item() <= 2.3 * want
-    for lin in (model.blocks[0].ffn.w1, model.blocks[0].ffn.w2):
-        assert torch.all(lin.bias == 0)
-    assert torch.all(attn.u_HC == 0) and torch.all(attn.v_HC == 0)
-    assert attn.scale.item() == pytest.approx(1 / 8)
-    assert model.head.bias is not None and model.head.weight is not model.embedding.weight
-    # embedding: Xavier-uniform as the authors' code, std sqrt(2 / (vocab + d_model))
-    assert model.embedding.weight.std().item() == pytest.approx(
-        math.sqrt(2 / (V + 256)), rel=0.03)
-
-
-def test_relative_attention_matches_a_per_query_loop():
-    """score(i, j) = scale [(q_i + u) k_j + (q_i + v) R_{M+i-j}], over memory and the causal
-    past only (Transformer-XL Sec. 3.3), with every parameter random (u, v start at 0):
-    outputs and gradients."""
-    from models.attention import AttentionConfig, RelativeAttention, sinusoid_encoding
-
-    torch.manual_seed(4)
-    H, C, Dm, M, T = 2, 3, 8, 2, 3
-    attn = RelativeAttention(AttentionConfig(Dm, H, C, 2))
-    with torch.no_grad():
-        for p in (attn.u_HC, attn.v_HC):
-            p.normal_()
-        attn.scale.fill_(0.7)
-    h_BTD = torch.randn(2, T, Dm, requires_grad=True)
-    mem_BMD = torch.randn(2, M, Dm, requires_grad=True)
-    got = attn(h_BTD, mem_BMD)
-    Wq, Wk, Wv = attn.qkv.weight.view(3, H, C, Dm)
-    want = torch.zeros(2, T, H, C)
-    for b in range(2):
-        cat_LD = torch.cat([mem_BMD[b], h_BTD[b]])
-        for i in range(T):
-            for hd in range(H):
-                q = Wq[hd] @ h_BTD[b, i]
-                js = range(M + i + 1)  # memory and the causal past
-                R = attn.pos(sinusoid_encoding(torch.tensor([M + i - j for j in js]), Dm))
-                s = torch.stack([(q + attn.u_HC[hd]) @ (Wk[hd] @ cat_LD[j])
-                                 + (q + attn.v_HC[hd]) @ R[n].view(H, C)[hd]
-                                 for n, j in enumerate(js)])
-                p = torch.softmax(attn.scale * s, 0)
-                want[b, i, hd] = sum(p[n] * (Wv[hd] @ cat_LD[j]) for n, j in enumerate(js))
-    want = attn.out(want.reshape(2, T, H * C))
-    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
-    # and the gradients of every input and parameter (the shift's custom backward)
-    leaves = [h_BTD, mem_BMD, *attn.parameters()]
-    dy = torch.randn_like(got)
-    for g, w in zip(torch.autograd.grad(got, leaves, dy), torch.autograd.grad(want, leaves, dy)):
-        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5)
 
 
 def test_position_bias_keeps_no_score_sized_tensor_for_backward(monkeypatch):
     """Outside SDPA (stubbed here), the attention saves nothing of the [B, H, T, L] size for
     its backward: the shift is a view and the scale sits on q (WT-B: 1 GB a layer, and
     the multiply and its gradient were two more passes over it)."""
-    from models.attention import AttentionConfig, RelativeAttention
+    from models.attention import AttentionConfig, RelativeAttention, bd_width
 
     B, H, T, M = 2, 4, 8, 12
     attn = RelativeAttention(AttentionConfig(64, H, 16, 2))
@@ -173,9 +122,9 @@ def test_position_bias_keeps_no_score_sized_tensor_for_backward(monkeypatch):
     with torch.autograd.graph.saved_tensors_hooks(lambda t: shapes.append(t.shape) or t,
                                                   lambda t: t):
         attn(torch.randn(B, T, 64), torch.randn(B, M, 64))
-    # [T, L] (the mask) is fine; [B, H, T, L] or [H, B, T, L + 1] are not
-    assert shapes and not [s for s in shapes if len(s) > 2 and s[-2:] in ((T, T + M),
-                                                                        (T, T + M + 1))]
+    # [T, L] (the mask) is fine; [B, H, T, L] or [H, B, T, P] are not
+    score_sized = ((T, T + M), (T, bd_width(T + M)))
+    assert shapes and not [s for s in shapes if len(s) > 2 and s[-2:] in score_sized]
 
 
 def test_relative_attention_under_autocast_stays_in_its_dtype(monkeypatch):
