@@ -108,6 +108,66 @@ def test_position_bias_gradient(T, M, P):
     assert bias.is_contiguous() and torch.isneginf(bias[:, :, future]).all()
 
 
+def test_linear_init_std_and_attention_params():
+    torch.manual_seed(3)
+    cfg = TransformerXLConfig(V, 256, 4, 4, 64, 0.0, 8, 8, "dense", DenseConfig(256, 4, 1024))
+    model = TransformerXL(cfg)
+    attn = model.blocks[0].attn
+    # truncated at 2 sigma, then rescaled: the sample std is exactly the nominal one (a
+    # plain cut would give 0.88x), and no value lies beyond ~2.3 std
+    for w, fan_in in ((attn.qkv.weight, 256), (model.blocks[0].ffn.w2.weight, 1024)):
+        want = math.sqrt(2 / (4 * fan_in))
+        assert w.std().item() == pytest.approx(want, rel=1e-5)
+        assert w.abs().max().item() <= 2.3 * want
+    for lin in (model.blocks[0].ffn.w1, model.blocks[0].ffn.w2):
+        assert torch.all(lin.bias == 0)
+    assert torch.all(attn.u_HC == 0) and torch.all(attn.v_HC == 0)
+    assert attn.scale.item() == pytest.approx(1 / 8)
+    assert model.head.bias is not None and model.head.weight is not model.embedding.weight
+    # embedding: Xavier-uniform as the authors' code, std sqrt(2 / (vocab + d_model))
+    assert model.embedding.weight.std().item() == pytest.approx(
+        math.sqrt(2 / (V + 256)), rel=0.03)
+
+
+def test_relative_attention_matches_a_per_query_loop():
+    """score(i, j) = scale [(q_i + u) k_j + (q_i + v) R_{M+i-j}], over memory and the causal
+    past only (Transformer-XL Sec. 3.3), with every parameter random (u, v start at 0):
+    outputs and gradients."""
+    from models.attention import AttentionConfig, RelativeAttention, sinusoid_encoding
+
+    torch.manual_seed(4)
+    H, C, Dm, M, T = 2, 3, 8, 2, 3
+    attn = RelativeAttention(AttentionConfig(Dm, H, C, 2))
+    with torch.no_grad():
+        for p in (attn.u_HC, attn.v_HC):
+            p.normal_()
+        attn.scale.fill_(0.7)
+    h_BTD = torch.randn(2, T, Dm, requires_grad=True)
+    mem_BMD = torch.randn(2, M, Dm, requires_grad=True)
+    got = attn(h_BTD, mem_BMD)
+    Wq, Wk, Wv = attn.qkv.weight.view(3, H, C, Dm)
+    want = torch.zeros(2, T, H, C)
+    for b in range(2):
+        cat_LD = torch.cat([mem_BMD[b], h_BTD[b]])
+        for i in range(T):
+            for hd in range(H):
+                q = Wq[hd] @ h_BTD[b, i]
+                js = range(M + i + 1)  # memory and the causal past
+                R = attn.pos(sinusoid_encoding(torch.tensor([M + i - j for j in js]), Dm))
+                s = torch.stack([(q + attn.u_HC[hd]) @ (Wk[hd] @ cat_LD[j])
+                                 + (q + attn.v_HC[hd]) @ R[n].view(H, C)[hd]
+                                 for n, j in enumerate(js)])
+                p = torch.softmax(attn.scale * s, 0)
+                want[b, i, hd] = sum(p[n] * (Wv[hd] @ cat_LD[j]) for n, j in enumerate(js))
+    want = attn.out(want.reshape(2, T, H * C))
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    # and the gradients of every input and parameter (the shift's custom backward)
+    leaves = [h_BTD, mem_BMD, *attn.parameters()]
+    dy = torch.randn_like(got)
+    for g, w in zip(torch.autograd.grad(got, leaves, dy), torch.autograd.grad(want, leaves, dy)):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5)
+
+
 def test_position_bias_keeps_no_score_sized_tensor_for_backward(monkeypatch):
     """Outside SDPA (stubbed here), the attention saves nothing of the [B, H, T, L] size for
     its backward: the shift is a view and the scale sits on q (WT-B: 1 GB a layer, and
