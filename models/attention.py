@@ -52,6 +52,15 @@ def bd_width(L: int) -> int:
     return (L + 1 + 7) // 8 * 8
 
 
+def head_pad(C: int) -> int:
+    """Zero columns that take a head of C up to a multiple of 8 (16-byte rows in bf16)."""
+    return -C % 8
+
+
+def _pad_last(t: torch.Tensor, n: int) -> torch.Tensor:
+    return F.pad(t, (0, n)) if n else t  # (F.pad copies even when there is nothing to add)
+
+
 def shifted_view(bd_HBTP: torch.Tensor, L: int) -> torch.Tensor:
     """Transformer-XL's relative shift as a strided view, no copy. bd_HBTP [H, B, T, P]
     holds scores over offsets [L-1 .. 0] in its first L columns, spare ones after them
@@ -128,12 +137,16 @@ class RelativeAttention(nn.Module):
         cfg = self.cfg
         B, T, _ = h_BTD.shape
         H, C = cfg.n_heads, cfg.head_dim
+        # heads zero-padded to C8 (a multiple of 8) wherever they meet: no dot product
+        # changes, and SDPA can take its fused kernels, which need C % 8 == 0 (WT-S's 41
+        # fell back to the math kernel, in fp32), and bd's product its aligned ones
+        pad = head_pad(C)
         cat_BLD = h_BTD if mem_BMD is None else torch.cat([mem_BMD.to(h_BTD.dtype), h_BTD], 1)
         L = cat_BLD.shape[1]  # M = L - T memory positions, then the segment
         # one weight, two products: queries of the segment, keys/values of memory + segment
-        q_BTHC = F.linear(h_BTD, self.qkv.weight[: H * C]).view(B, T, H, C)
-        kv = F.linear(cat_BLD, self.qkv.weight[H * C :])
-        k_BHLC, v_BHLC = kv.view(B, L, 2, H, C).permute(2, 0, 3, 1, 4)
+        q_BTHC = _pad_last(F.linear(h_BTD, self.qkv.weight[: H * C]).view(B, T, H, C), pad)
+        kv = _pad_last(F.linear(cat_BLD, self.qkv.weight[H * C :]).view(B, L, 2, H, C), pad)
+        k_BHLC, v_BHLC = kv.permute(2, 0, 3, 1, 4)
 
         dist_L = torch.arange(L - 1, -1, -1, device=h_BTD.device)
         r_LD = sinusoid_encoding(dist_L, cfg.d_model).to(h_BTD.dtype)
@@ -141,12 +154,13 @@ class RelativeAttention(nn.Module):
         # u, v and the scale in the activations' dtype: under autocast, fp32 parameters would
         # promote q (+u) and, through it, the [B, H, T, L] bias to fp32, which SDPA's autocast
         # then casts back: two full copies of the largest tensor of the layer, each way
-        u_HC, v_HC, scale = (p.to(q_BTHC.dtype) for p in (self.u_HC, self.v_HC, self.scale))
+        u_HC, v_HC = (_pad_last(p.to(q_BTHC.dtype), pad) for p in (self.u_HC, self.v_HC))
+        scale = self.scale.to(q_BTHC.dtype)
         # the positional scores over L offsets plus spare zero columns (bd_width), for the
         # strided shift; the scale goes on the [B, T, H, C] operand, not the [B, H, T, L] one
         P = bd_width(L)
-        r_HCP = F.pad(r_HLC, (0, 0, 0, P - L)).transpose(1, 2)
-        qv_HNC = ((q_BTHC + v_HC) * scale).permute(2, 0, 1, 3).reshape(H, B * T, C)
+        r_HCP = F.pad(r_HLC, (0, pad, 0, P - L)).transpose(1, 2)
+        qv_HNC = ((q_BTHC + v_HC) * scale).permute(2, 0, 1, 3).reshape(H, B * T, C + pad)
         bd_HBTP = torch.bmm(qv_HNC, r_HCP).view(H, B, T, P)
         # shifted to key positions; key j is visible to query i iff j <= M + i (all memory
         # plus the causal past), -inf elsewhere
@@ -156,4 +170,4 @@ class RelativeAttention(nn.Module):
         q_BHTC = ((q_BTHC + u_HC) * scale).transpose(1, 2)
         o_BHTC = F.scaled_dot_product_attention(q_BHTC, k_BHLC, v_BHLC, attn_mask=bias_BHTL,
                                                 scale=1.0)
-        return self.out(o_BHTC.transpose(1, 2).reshape(B, T, H * C))
+        return self.out(o_BHTC[..., :C].transpose(1, 2).reshape(B, T, H * C))

@@ -168,6 +168,27 @@ def test_relative_attention_matches_a_per_query_loop():
         torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("C", [41, 64])
+def test_attention_products_see_heads_of_a_multiple_of_8(C, monkeypatch):
+    """SDPA's fused kernels need heads of C % 8 == 0 (WT-S's 41 ran the fp32 math kernel on
+    an H200) and cuBLAS's aligned ones 16-byte rows: SDPA and bd's product get heads zero-
+    padded to 48 (64 stays 64) and bd rows of bd_width(L)."""
+    from models.attention import AttentionConfig, RelativeAttention, bd_width
+
+    B, H, T, M = 2, 3, 8, 5
+    attn = RelativeAttention(AttentionConfig(32, H, C, 2))
+    seen, sdpa, bmm = [], torch.nn.functional.scaled_dot_product_attention, torch.bmm
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention",
+                        lambda q, k, v, **kw: seen.append((q.shape, k.shape, v.shape))
+                        or sdpa(q, k, v, **kw))
+    monkeypatch.setattr(torch, "bmm", lambda a, b: seen.append((a.shape, b.shape)) or bmm(a, b))
+    y = attn(torch.randn(B, T, 32), torch.randn(B, M, 32))
+    C8 = 48 if C == 41 else C
+    assert seen == [((H, B * T, C8), (H, C8, bd_width(T + M))),
+                    ((B, H, T, C8), (B, H, T + M, C8), (B, H, T + M, C8))]
+    assert y.shape == (B, T, 32)
+
+
 def test_position_bias_keeps_no_score_sized_tensor_for_backward(monkeypatch):
     """Outside SDPA (stubbed here), the attention saves nothing of the [B, H, T, L] size for
     its backward: the shift is a view and the scale sits on q (WT-B: 1 GB a layer, and
