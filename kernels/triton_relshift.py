@@ -52,7 +52,35 @@ def relshift_kernel(src_ptr, dst_ptr, n_rows, H, B, T, L, P, FILL: tl.constexpr,
         tl.store(dst, tl.load(src, mask=in_dst & visible, other=FILL), mask=in_dst)
 
 
-@_on_tensor_device
+def _shapes(src: Tensor, width: int, backward: bool) -> tuple[tuple, tuple]:
+    """-> ((H, B, T, L, P), the result's shape) of a relshift of `src`."""
+    if backward:  # src: the bias's gradient [B, H, T, L]; width: bd's P
+        B, H, T, L = src.shape
+        return (H, B, T, L, width), (H, B, T, width)
+    H, B, T, P = src.shape  # src: bd [H, B, T, P]; width: the bias's L
+    return (H, B, T, width, P), (B, H, T, width)
+
+
+@torch.library.custom_op("sigma_moe::relshift", mutates_args=())
+def relshift(src: Tensor, width: int, backward: bool) -> Tensor:
+    """Forward: bd [H, B, T, P] -> the masked, shifted bias [B, H, T, L = width]; backward:
+    the bias's gradient [B, H, T, L] -> bd's [H, B, T, P = width] (zero where unread)."""
+    (H, B, T, L, P), shape = _shapes(src, width, backward)
+    if not T <= L < P:
+        raise ValueError(f"relshift: needs T <= L < P (queries, keys, bd's row), got T={T}, "
+                         f"L={L}, P={P}")
+    dst = src.new_empty(shape)
+    if dst.numel():
+        _launch(src.contiguous(), dst, H, B, T, L, P, backward)
+    return dst
+
+
+@relshift.register_fake
+def _(src, width, backward):
+    return src.new_empty(_shapes(src, width, backward)[1])
+
+
+@_on_tensor_device  # Triton launches on the current device, not on the tensors'
 def _launch(src: Tensor, dst: Tensor, H: int, B: int, T: int, L: int, P: int,
             backward: bool) -> None:
     n_rows = H * B * T
@@ -61,41 +89,11 @@ def _launch(src: Tensor, dst: Tensor, H: int, B: int, T: int, L: int, P: int,
         BACKWARD=backward, ROWS=ROWS, BLOCK_C=BLOCK_C, num_warps=WARPS)
 
 
-def _check(T: int, L: int, P: int) -> None:
-    if not T <= L < P:
-        raise ValueError(f"relshift: needs T <= L < P (queries, keys, bd's row), got T={T}, "
-                         f"L={L}, P={P}")
-
-
-@torch.library.custom_op("sigma_moe::relshift_bias", mutates_args=())
 def relshift_bias(bd_HBTP: Tensor, L: int) -> Tensor:
     """bd_HBTP [H, B, T, P] -> the masked, shifted bias [B, H, T, L]."""
-    H, B, T, P = bd_HBTP.shape
-    _check(T, L, P)
-    bias_BHTL = bd_HBTP.new_empty(B, H, T, L)
-    if bias_BHTL.numel():
-        _launch(bd_HBTP.contiguous(), bias_BHTL, H, B, T, L, P, backward=False)
-    return bias_BHTL
+    return relshift(bd_HBTP, L, False)
 
 
-@relshift_bias.register_fake
-def _(bd_HBTP, L):
-    H, B, T, _ = bd_HBTP.shape
-    return bd_HBTP.new_empty(B, H, T, L)
-
-
-@torch.library.custom_op("sigma_moe::relshift_bias_grad", mutates_args=())
 def relshift_bias_grad(grad_BHTL: Tensor, P: int) -> Tensor:
     """The bias's gradient [B, H, T, L] -> bd's [H, B, T, P] (zero where unread)."""
-    B, H, T, L = grad_BHTL.shape
-    _check(T, L, P)
-    grad_HBTP = grad_BHTL.new_empty(H, B, T, P)
-    if grad_HBTP.numel():
-        _launch(grad_BHTL.contiguous(), grad_HBTP, H, B, T, L, P, backward=True)
-    return grad_HBTP
-
-
-@relshift_bias_grad.register_fake
-def _(grad_BHTL, P):
-    B, H, T, _ = grad_BHTL.shape
-    return grad_BHTL.new_empty(H, B, T, P)
+    return relshift(grad_BHTL, P, True)

@@ -114,3 +114,13 @@ def test_relshift_compiles_for_hopper():
     reports = [json.loads(ln) for ln in outside_interpreter("-c", _COMPILE).splitlines()]
     assert len(reports) == 4 and all(r["spill_bytes"] == 0 for r in reports), reports
     assert all(r["stores"] == ["st.global.v4.b32"] for r in reports), reports
+
+
+def test_relshift_ops_trace_under_compile():
+    """The custom op's fake shapes let torch.compile trace both directions whole."""
+    bd = torch.randn(2, 3, 4, 8, device=DEVICE)
+    grad = torch.randn(3, 2, 4, 6, device=DEVICE)
+    fwd = torch.compile(lambda t: relshift_bias(t, 6), fullgraph=True, backend="aot_eager")
+    bwd = torch.compile(lambda t: relshift_bias_grad(t, 8), fullgraph=True, backend="aot_eager")
+    assert torch.equal(fwd(bd), position_bias(bd, 6))
+    assert torch.equal(bwd(grad), position_bias_grad(grad, 8))
