@@ -3,13 +3,13 @@
     logits = W3 x                                                   (Eq. `moe_out`'s sel(x))
     dL/dx  = W3^T dL/dlogits + (dL/dx of the experts)               (one addmm)
 
-A MoE layer reads x twice: the selector's product and the experts. Left to autograd, each
-use casts x to the autocast dtype on its own (two [T, D] copies, both kept for the
-backward), and the backward adds the two x gradients in a separate pass over three [T, D]
-tensors, then casts each half of the sum's inputs back. `selector_logits` casts x once,
-hands the experts that same tensor, and gives the backward both gradients at once: the
-selector's x gradient is one addmm onto the experts'. Plain autograd (`x @ w3.T`, and x
-passed on) is the reference it is tested against (tests/test_kernels.py).
+A MoE layer reads x twice: the selector's product and the experts. Left to autograd, under
+autocast each use casts x on its own (two [T, D] copies, both kept for the backward), and
+the backward casts each x gradient back and adds them in a separate pass over three [T, D]
+tensors. `selector_logits` casts x once, hands the experts that same tensor, and gets both
+gradients in one backward: the selector's x gradient is one addmm onto the experts'. Plain
+autograd (`x @ w3.T`, and x passed on) is the reference it is tested against
+(tests/test_kernels_selector.py).
 """
 from __future__ import annotations
 

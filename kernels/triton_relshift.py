@@ -6,13 +6,13 @@
 
 bd_HBTP [H, B, T, P] holds each query's positional scores over the offsets L-1 .. 0 in its
 first L columns, spare ones after them (P >= L + 1, models/attention.bd_width); M = L - T
-memory positions. In plain torch (models/attention.py, the
-reference these kernels are tested against) both directions are a `torch.where` over a
-strided view of bd with a broadcast [T, L] mask: TensorIterator cannot vectorise it (the
-view's (h, b) blocks are not contiguous with each other), and at WT-B's [64, 16, 512, 1024]
-each call took 1.55 ms on an H200 where moving its 2.1 GB takes ~0.5 ms: 36 calls and 56 ms
-of a 486 ms step. Here a program copies ROWS rows, each row a contiguous run of the source
-and of the destination; no mask tensor is read.
+memory positions. In plain torch (models/attention.py, the reference these kernels are
+tested against) both directions are a `torch.where` over a strided view of bd with a
+broadcast [T, L] mask: TensorIterator cannot vectorise it (the view's (h, b) blocks are not
+contiguous with each other), and at WT-B's [64, 16, 512, 1024] each call took 1.55 ms on an
+H200 where moving its 2.1 GB takes ~0.5 ms: 36 calls and 56 ms of a 486 ms step. Here a
+program copies ROWS rows, each row a contiguous run of the source and of the destination;
+no mask tensor is read.
 """
 import torch
 import triton

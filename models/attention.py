@@ -137,9 +137,9 @@ class RelativeAttention(nn.Module):
         cfg = self.cfg
         B, T, _ = h_BTD.shape
         H, C = cfg.n_heads, cfg.head_dim
-        # heads zero-padded to C8 (a multiple of 8) wherever they meet: no dot product
-        # changes, and SDPA can take its fused kernels, which need C % 8 == 0 (WT-S's 41
-        # fell back to the math kernel, in fp32), and bd's product its aligned ones
+        # heads zero-padded to a multiple of 8 wherever they meet: no dot product changes,
+        # and SDPA can take its fused kernels, which need C % 8 == 0 (WT-S's 41 fell back to
+        # the math kernel, in fp32), and bd's product cuBLAS's aligned ones
         pad = head_pad(C)
         cat_BLD = h_BTD if mem_BMD is None else torch.cat([mem_BMD.to(h_BTD.dtype), h_BTD], 1)
         L = cat_BLD.shape[1]  # M = L - T memory positions, then the segment
