@@ -92,8 +92,10 @@ class TransformerXL(nn.Module):
         new_mems: Memory = []
         for i, block in enumerate(self.blocks):
             mem = mems[i] if mems else None
-            if mem_len > 0:
-                full = x_BTD if mem is None else torch.cat([mem.to(x_BTD.dtype), x_BTD], 1)
+            if mem_len > 0:  # the last mem_len positions of [memory ; segment]
+                keep = mem_len - x_BTD.shape[1]  # of the old memory (none: no [B, L, D] copy)
+                full = x_BTD if keep <= 0 or mem is None else torch.cat(
+                    [mem[:, -keep:].to(x_BTD.dtype), x_BTD], 1)
                 new_mems.append(full[:, -mem_len:].detach())
             x_BTD = block(x_BTD, mem if mem is None or mem.shape[1] else None)
         x_BTD = F.dropout(self.ln_f(x_BTD), self.cfg.dropout, self.training)

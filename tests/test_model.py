@@ -66,6 +66,23 @@ def test_memory_is_visible_and_bounded():
     assert (b - c).abs().max() > 1e-3  # memory content changes the output
 
 
+@pytest.mark.parametrize("mem_len", [2, 3, 5])
+def test_new_memory_is_the_last_mem_len_positions(mem_len):
+    """Each layer's new memory: the last mem_len of [old memory ; the layer's input] (the
+    old memory is left out when the segment alone is that long)."""
+    torch.manual_seed(6)
+    model = make("dense", mem_len=mem_len).train()
+    _, mems = model(torch.randint(0, V, (2, 4)))
+    inputs = []
+    hooks = [b.register_forward_pre_hook(lambda _, args: inputs.append(args[0]))
+             for b in model.blocks]
+    _, new = model(torch.randint(0, V, (2, 3)), mems)
+    for h in hooks:
+        h.remove()
+    for old, x, got in zip(mems, inputs, new, strict=True):
+        assert torch.equal(got, torch.cat([old, x], 1)[:, -mem_len:])
+
+
 @pytest.mark.parametrize("T, M, spare", [(3, 2, 1), (4, 0, 1), (1, 3, 1), (3, 2, 6)])
 def test_shifted_view_maps_offsets_to_key_positions(T, M, spare):
     """out[b, h, i, j] = bd[h, b, i, j + T - 1 - i] (offset M + i - j) for every visible key,
