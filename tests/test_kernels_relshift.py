@@ -124,3 +124,27 @@ def test_relshift_ops_trace_under_compile():
     bwd = torch.compile(lambda t: relshift_bias_grad(t, 8), fullgraph=True, backend="aot_eager")
     assert torch.equal(fwd(bd), position_bias(bd, 6))
     assert torch.equal(bwd(grad), position_bias_grad(grad, 8))
+
+
+@pytest.mark.gpu
+def test_gpu_attention_on_the_triton_shift_equals_the_torch_shift(monkeypatch):
+    """RelativeAttention on CUDA in bf16 with WT-S's 41-wide heads (padded to 48): the
+    Triton shift gives the torch shift's output bit for bit (SDPA sees the same bias), and
+    its gradients up to the order of the memory-efficient backward's atomic sums."""
+    import kernels
+    from models.attention import AttentionConfig, RelativeAttention
+
+    torch.manual_seed(0)
+    attn = RelativeAttention(AttentionConfig(128, 4, 41, 2)).cuda()
+    h_BTD = torch.randn(2, 64, 128, device="cuda", requires_grad=True)
+    mem_BMD = torch.randn(2, 64, 128, device="cuda")
+    results = []
+    for fast in (True, False):
+        monkeypatch.setattr(kernels, "relshift_available", lambda t, fast=fast: fast)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            y = attn(h_BTD, mem_BMD)
+        grads = torch.autograd.grad(y.float().square().sum(), [h_BTD, *attn.parameters()])
+        results.append((y, *grads))
+    assert torch.equal(results[0][0], results[1][0])
+    for got, want in zip(results[0][1:], results[1][1:], strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-2, atol=1e-4)
