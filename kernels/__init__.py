@@ -7,7 +7,8 @@ Importable with torch alone (Triton optional, no GPU needed): no Hydra here.
 `moe_mlp` is the one entry point the FFN variants call (and for their selection
 `selector_logits`, the selector's product sharing x with the experts, kernels/selector.py,
 and `topk`: torch.topk, or on CUDA one Triton kernel, kernels/triton_topk.py). The
-attention's relative shift runs on kernels/triton_relshift.py on CUDA (`relshift_*`).
+attention's relative shift runs on kernels/triton_relshift.py on CUDA (`relshift_*`), its
+key and value projections through kernels/key_value.py (`key_value`).
 Backends:
     auto            triton on CUDA (triton_unfused when hidden dropout is active), else
                     grouped_mm on CUDA when applicable, else torch
@@ -26,6 +27,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from kernels.grouped_mm import grouped_mm_problem, moe_mlp_grouped_mm
+from kernels.key_value import key_value
 from kernels.reference import moe_mlp_reference
 from kernels.routing import Routing, make_routing
 from kernels.selector import compute_dtype, selector_logits
@@ -232,7 +234,8 @@ def _moe_step(tokens, d_model, n_experts, expert_size, k, hidden_dropout, backen
 
 
 __all__ = [
-    "BACKENDS", "HAS_TRITON", "Routing", "backend_problem", "check_inputs", "make_routing",
+    "BACKENDS", "HAS_TRITON", "Routing", "backend_problem", "check_inputs", "key_value",
+    "make_routing",
     "moe_mlp", "moe_mlp_reference", "precompile_moe", "relshift_available", "relshift_bias",
     "relshift_bias_grad", "resolve_backend", "selection_backend",
     "selector_logits", "topk",

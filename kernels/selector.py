@@ -44,8 +44,9 @@ class _SelectorLogits(torch.autograd.Function):
 
 
 def compute_dtype(x_TD: torch.Tensor) -> torch.dtype:
-    """The dtype a MoE layer computes in: autocast's where it is on (the custom ops would
-    see mixed dtypes otherwise), except for float64, which autocast leaves alone."""
+    """The dtype products of x compute in (a MoE layer, the selector's and the attention's
+    key-value products): autocast's where it is on (custom ops would see mixed dtypes
+    otherwise), except for float64, which autocast leaves alone."""
     if torch.is_autocast_enabled(x_TD.device.type) and x_TD.dtype != torch.float64:
         return torch.get_autocast_dtype(x_TD.device.type)
     return x_TD.dtype

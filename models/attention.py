@@ -57,8 +57,13 @@ def head_pad(C: int) -> int:
     return -C % 8
 
 
-def _pad_last(t: torch.Tensor, n: int) -> torch.Tensor:
-    return F.pad(t, (0, n)) if n else t  # (F.pad copies even when there is nothing to add)
+def padded_heads(w_ND: torch.Tensor, n_heads: int, C: int) -> torch.Tensor:
+    """A projection's weight [n * H * C, D] (n groups of H heads of C rows) with zero rows
+    that take each head to C + head_pad(C): its products come out with padded heads."""
+    pad = head_pad(C)
+    if not pad:  # (F.pad would copy)
+        return w_ND
+    return F.pad(w_ND.view(-1, n_heads, C, w_ND.shape[-1]), (0, 0, 0, pad)).flatten(0, 2)
 
 
 def shifted_view(bd_HBTP: torch.Tensor, L: int) -> torch.Tensor:
@@ -135,32 +140,33 @@ class RelativeAttention(nn.Module):
 
     def forward(self, h_BTD: torch.Tensor, mem_BMD: torch.Tensor | None) -> torch.Tensor:
         cfg = self.cfg
-        B, T, _ = h_BTD.shape
+        B, T, D = h_BTD.shape
         H, C = cfg.n_heads, cfg.head_dim
-        # heads zero-padded to a multiple of 8 wherever they meet: no dot product changes,
-        # and SDPA can take its fused kernels, which need C % 8 == 0 (WT-S's 41 fell back to
-        # the math kernel, in fp32), and bd's product cuBLAS's aligned ones
-        pad = head_pad(C)
+        # heads zero-padded to a multiple of 8 wherever they meet, by zero rows in the
+        # weights (no activation copies): no dot product changes, and SDPA can take its
+        # fused kernels, which need C % 8 == 0 (WT-S's 41 fell back to the math kernel, in
+        # fp32), and bd's product cuBLAS's aligned ones
+        C8 = C + head_pad(C)
+        w_q, w_kv = (padded_heads(w, H, C) for w in self.qkv.weight.split([H * C, 2 * H * C]))
         cat_BLD = h_BTD if mem_BMD is None else torch.cat([mem_BMD.to(h_BTD.dtype), h_BTD], 1)
         L = cat_BLD.shape[1]  # M = L - T memory positions, then the segment
         # one weight, two products: queries of the segment, keys/values of memory + segment
-        q_BTHC = _pad_last(F.linear(h_BTD, self.qkv.weight[: H * C]).view(B, T, H, C), pad)
-        kv = _pad_last(F.linear(cat_BLD, self.qkv.weight[H * C :]).view(B, L, 2, H, C), pad)
-        k_BHLC, v_BHLC = kv.permute(2, 0, 3, 1, 4)
+        q_BTHC = F.linear(h_BTD, w_q).view(B, T, H, C8)
+        k_BHLC, v_BHLC = kernels.key_value(cat_BLD, w_kv, H)
 
         dist_L = torch.arange(L - 1, -1, -1, device=h_BTD.device)
-        r_LD = sinusoid_encoding(dist_L, cfg.d_model).to(h_BTD.dtype)
-        r_HLC = self.pos(r_LD).view(L, H, C).transpose(0, 1)
+        r_LD = sinusoid_encoding(dist_L, D).to(h_BTD.dtype)
+        r_HLC = F.linear(r_LD, padded_heads(self.pos.weight, H, C)).view(L, H, C8).transpose(0, 1)
         # u, v and the scale in the activations' dtype: under autocast, fp32 parameters would
         # promote q (+u) and, through it, the [B, H, T, L] bias to fp32, which SDPA's autocast
         # then casts back: two full copies of the largest tensor of the layer, each way
-        u_HC, v_HC = (_pad_last(p.to(q_BTHC.dtype), pad) for p in (self.u_HC, self.v_HC))
+        u_HC, v_HC = (F.pad(p.to(q_BTHC.dtype), (0, C8 - C)) for p in (self.u_HC, self.v_HC))
         scale = self.scale.to(q_BTHC.dtype)
         # the positional scores over L offsets plus spare zero columns (bd_width), for the
         # strided shift; the scale goes on the [B, T, H, C] operand, not the [B, H, T, L] one
         P = bd_width(L)
-        r_HCP = F.pad(r_HLC, (0, pad, 0, P - L)).transpose(1, 2)
-        qv_HNC = ((q_BTHC + v_HC) * scale).permute(2, 0, 1, 3).reshape(H, B * T, C + pad)
+        r_HCP = F.pad(r_HLC, (0, 0, 0, P - L)).transpose(1, 2)
+        qv_HNC = ((q_BTHC + v_HC) * scale).permute(2, 0, 1, 3).reshape(H, B * T, C8)
         bd_HBTP = torch.bmm(qv_HNC, r_HCP).view(H, B, T, P)
         # shifted to key positions; key j is visible to query i iff j <= M + i (all memory
         # plus the causal past), -inf elsewhere
