@@ -53,7 +53,8 @@ def variants(dt: str = "bf16", blocks: dict | None = None):
     s_ptr = {"a_ptr": dt, "w_ptr": dt, "y_ptr": dt, "tok_ptr": "i32", "off_ptr": "i32",
              "scale_ptr": dt, "order_ptr": "i64"}
     w_div = ["M", "N", "stride_am", "stride_bm", "stride_we", "stride_wm"]
-    w_ptr = {"a_ptr": dt, "b_ptr": dt, "dw_ptr": dt, "tok_ptr": "i32", "off_ptr": "i32"}
+    w_ptr = {"a_ptr": dt, "b_ptr": dt, "dw_ptr": dt, "ws_ptr": "fp32", "tok_ptr": "i32",
+             "off_ptr": "i32"}
     return [
         # up-projection + ReLU: x [T, D], W1[e, d, g]
         ("gather_mm_kernel", {**base, **seg, "EPILOGUE": 1},
@@ -72,9 +73,9 @@ def variants(dt: str = "bf16", blocks: dict | None = None):
          ["stride_ak", "stride_wk", "stride_yn"],
          ["N", "KD", "stride_am", "stride_we", "stride_wn", "stride_ym"], s_ptr),
         # dW2 = (gate h)^T dy[tok]  and  dW1 = x[tok]^T d pre-ReLU
-        ("wgrad_kernel", {**base, "GATHER_A": False, "GATHER_B": True},
+        ("wgrad_kernel", {**base, **seg_slot, "GATHER_A": False, "GATHER_B": True},
          ["stride_ak", "stride_bn", "stride_wn"], w_div, w_ptr),
-        ("wgrad_kernel", {**base, "GATHER_A": True, "GATHER_B": False},
+        ("wgrad_kernel", {**base, **seg_slot, "GATHER_A": True, "GATHER_B": False},
          ["stride_ak", "stride_bn", "stride_wn"], w_div, w_ptr),
     ]
 

@@ -74,12 +74,34 @@ def _segment_tile(pid_m, off_ptr, n_seg, seg_stride, seg_first, seg_len, reverse
     return seg, row0, row_end
 
 
+def _wgrad_item(item, off_ptr, n_exp, segs_per_expert, chunk_rows, SEG_P2: tl.constexpr):
+    """Work item `item` of the weight gradient: each expert's rows cut into chunks of at
+    most chunk_rows, numbered expert by expert (an expert without rows: one empty chunk).
+    -> (e, first row, end row, the number of chunks of e, the partial slot of this chunk
+    among the experts of more than one chunk); e == n_exp when there is no such item."""
+    s = tl.arange(0, SEG_P2)
+    valid = s < n_exp
+    start = tl.load(off_ptr + s * segs_per_expert, mask=valid, other=0)
+    end = tl.load(off_ptr + (s + 1) * segs_per_expert, mask=valid, other=0)
+    n_chunks = tl.where(valid, tl.maximum((end - start + chunk_rows - 1) // chunk_rows, 1), 0)
+    upto = tl.cumsum(n_chunks, 0)  # items of the experts <= s
+    e = tl.sum((valid & (upto <= item)).to(tl.int32), 0)
+    here = s == e
+    n_e = tl.sum(tl.where(here, n_chunks, 0), 0)
+    c = item - tl.sum(tl.where(here, upto, 0), 0) + n_e
+    slot = tl.sum(tl.where((s < e) & (n_chunks > 1), n_chunks, 0), 0) + c
+    row0 = tl.sum(tl.where(here, start, 0), 0) + c * chunk_rows
+    row_end = tl.minimum(tl.sum(tl.where(here, end, 0), 0), row0 + chunk_rows)
+    return e, row0, row_end, n_e, slot
+
+
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 # The interpreter re-patches triton.language at every call of a @triton.jit helper; there
 # the helper runs as the plain Python it is.
 if not INTERPRET:
     _segment_tile = triton.jit(_segment_tile)
+    _wgrad_item = triton.jit(_wgrad_item)
 
 
 @triton.jit
@@ -301,27 +323,31 @@ def scatter_mm_kernel(
     tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["segs_per_expert", "n_exp", "chunk_rows"])
 def wgrad_kernel(
-    a_ptr, b_ptr, dw_ptr, tok_ptr, off_ptr,
-    segs_per_expert, M, N,
+    a_ptr, b_ptr, dw_ptr, ws_ptr, tok_ptr, off_ptr,
+    segs_per_expert, n_exp, chunk_rows, M, N,
     stride_am, stride_ak, stride_bm, stride_bn, stride_we, stride_wm, stride_wn,
     GATHER_A: tl.constexpr, GATHER_B: tl.constexpr,
-    DOT_F32: tl.constexpr, PRECISION: tl.constexpr,
+    DOT_F32: tl.constexpr, PRECISION: tl.constexpr, SEG_P2: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     """dW[e, m, n] = sum over rows r of expert e of A[ia_r, m] * B[ib_r, n].
 
-    Rows are walked in sorted order by the one program that owns the output tile, so the
-    sum has a fixed order. An expert with no rows gets an exact zero.
+    A program owns one output tile of one chunk of an expert's rows (`_wgrad_item`) and
+    walks the chunk in sorted order: an expert of one chunk (or none: an exact zero) gets
+    its tile written here; an expert of several (one that routing gave more than
+    chunk_rows rows) gets an fp32 partial per chunk in ws, which wgrad_reduce_kernel sums
+    in chunk order. Every sum has a fixed order: deterministic, no atomics.
     """
     pid = tl.program_id(0)
-    e = tl.program_id(1)
+    e, start, end, n_e, slot = _wgrad_item(tl.program_id(1), off_ptr, n_exp, segs_per_expert,
+                                           chunk_rows, SEG_P2)
+    if e >= n_exp:  # past the last chunk (the grid's bound is the most there can be)
+        return
     n_tiles_n = tl.cdiv(N, BLOCK_N)
     pid_m = pid // n_tiles_n
     pid_n = pid % n_tiles_n
-    start = tl.load(off_ptr + e * segs_per_expert)
-    end = tl.load(off_ptr + (e + 1) * segs_per_expert)
     ms = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     ns = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     m_ok = ms < M
@@ -346,6 +372,43 @@ def wgrad_kernel(
             at = at.to(tl.float32)
             b = b.to(tl.float32)
         acc = tl.dot(at, b, acc, input_precision=PRECISION)
+    tile_ok = m_ok[:, None] & n_ok[None, :]
+    if n_e == 1:
+        dw_ptrs = (dw_ptr + e.to(tl.int64) * stride_we
+                   + ms[:, None] * stride_wm + ns[None, :] * stride_wn)
+        tl.store(dw_ptrs, acc.to(dw_ptr.dtype.element_ty), mask=tile_ok)
+    else:  # ws [slots, M, N], contiguous fp32
+        ws_ptrs = ws_ptr + (slot.to(tl.int64) * M + ms[:, None]) * N + ns[None, :]
+        tl.store(ws_ptrs, acc, mask=tile_ok)
+
+
+@triton.jit(do_not_specialize=["segs_per_expert", "n_exp", "chunk_rows"])
+def wgrad_reduce_kernel(
+    ws_ptr, dw_ptr, off_ptr, segs_per_expert, n_exp, chunk_rows, M, N,
+    stride_we, stride_wm, stride_wn,
+    SEG_P2: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """dW[e] of an expert in more than one chunk: its chunks' partials summed, first chunk
+    first (wgrad_kernel wrote every other expert's)."""
+    pid = tl.program_id(0)
+    e = tl.program_id(1)
+    s = tl.arange(0, SEG_P2)
+    valid = s < n_exp
+    start = tl.load(off_ptr + s * segs_per_expert, mask=valid, other=0)
+    end = tl.load(off_ptr + (s + 1) * segs_per_expert, mask=valid, other=0)
+    n_chunks = tl.where(valid, (end - start + chunk_rows - 1) // chunk_rows, 0)
+    n_e = tl.sum(tl.where(s == e, n_chunks, 0), 0)
+    if n_e <= 1:
+        return
+    slot = tl.sum(tl.where((s < e) & (n_chunks > 1), n_chunks, 0), 0)
+    n_tiles_n = tl.cdiv(N, BLOCK_N)
+    ms = (pid // n_tiles_n) * BLOCK_M + tl.arange(0, BLOCK_M)
+    ns = (pid % n_tiles_n) * BLOCK_N + tl.arange(0, BLOCK_N)
+    tile_ok = (ms < M)[:, None] & (ns < N)[None, :]
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for c in range(0, n_e):
+        ws_ptrs = ws_ptr + ((slot + c).to(tl.int64) * M + ms[:, None]) * N + ns[None, :]
+        acc += tl.load(ws_ptrs, mask=tile_ok, other=0.0)
     dw_ptrs = (dw_ptr + e.to(tl.int64) * stride_we
                + ms[:, None] * stride_wm + ns[None, :] * stride_wn)
-    tl.store(dw_ptrs, acc.to(dw_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+    tl.store(dw_ptrs, acc.to(dw_ptr.dtype.element_ty), mask=tile_ok)

@@ -9,9 +9,10 @@ H200 lease, minutes of 15).
 the configs it would time, with the same arguments (so the same specialisation: the
 autotuner's trials find them compiled), spread over a thread pool by Triton's
 `AsyncCompileMode` (the compiler's passes run outside the GIL, ptxas is a process of its
-own). No autotuned kernel runs meanwhile, so whatever fn computes from their outputs is
-garbage; launches that are not autotuned (the top-K) run as usual, so fn must not need
-real values from an autotuned kernel to decide what to launch.
+own). No autotuned kernel runs meanwhile, nor those of COMPILE_ONLY (the weight gradient's
+reduction, which only consumes them), so whatever fn computes from their outputs is
+garbage; other launches (the top-K) run as usual, so fn must not need real values from an
+autotuned kernel to decide what to launch.
 """
 from __future__ import annotations
 
@@ -25,7 +26,11 @@ import torch
 import triton
 from triton.runtime.autotuner import Autotuner
 
-from kernels.triton_cvmm import INTERPRET
+from kernels.triton_cvmm import INTERPRET, wgrad_reduce_kernel
+
+# kernels without an autotuner that precompile compiles without running (their launch
+# arguments are all known ahead: plain JIT launches)
+COMPILE_ONLY = (wgrad_reduce_kernel,)
 
 
 def _compile_configs(self: Autotuner, *args, **kwargs):
@@ -43,13 +48,16 @@ def _compile_configs(self: Autotuner, *args, **kwargs):
 @contextlib.contextmanager
 def compiling_only(workers: int):
     """Within: autotuned launches compile their configs on `workers` threads (finished on
-    exit) and run nothing.
+    exit) and run nothing; so do COMPILE_ONLY's, their one variant each.
 
     AsyncCompileMode is a context variable of this thread; on CUDA autograd runs a
     backward on a worker thread of its own, whose launches would compile one by one: the
     backward runs on this thread instead (`set_multithreading_enabled` is thread-local)."""
     run = Autotuner.run
     Autotuner.run = _compile_configs
+    for kernel in COMPILE_ONLY:  # an instance attribute over JITFunction.run
+        kernel.run = lambda *args, _run=kernel.run, warmup=False, **kw: _run(
+            *args, warmup=True, **kw)
     try:
         # a config that fails to compile is left to the autotuner, which reports it
         with ThreadPoolExecutor(workers) as pool, triton.AsyncCompileMode(
@@ -57,6 +65,8 @@ def compiling_only(workers: int):
             yield
     finally:
         Autotuner.run = run
+        for kernel in COMPILE_ONLY:
+            del kernel.run
 
 
 def precompile_problem() -> str | None:

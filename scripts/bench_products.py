@@ -10,6 +10,9 @@ expert blocks), and beside itself on rearranged inputs that isolate one cause.
   wgrad dW1    an expert's rows slot by slot token-interleaved (C chunks)     bmm
   wgrad dW2    (the same two orders)                                          bmm
   scatter fwd  K slot launches, gate scale   chunk by chunk (C token chunks)  bmm (no RMW)
+  wgrad dW1 skewed, wgrad dW2 skewed: the weight gradients on uneven routing (the busiest
+               expert ~4x the mean, as a WT-B layer's at init), the layer's launch (an
+               expert's rows in chunks) against one program walking all of an expert's rows
 
 What each comparison answers (benchmarks/gpu_h200.md items 8 and 9):
 - gather: pre-gathered rows against bmm (both read the R x D gathered rows, 4x x's bytes)
@@ -21,6 +24,10 @@ What each comparison answers (benchmarks/gpu_h200.md items 8 and 9):
   routing's token chunks (kernels/routing.py, `make_routing(n_chunks=C)`) order an
   expert's rows (chunk, slot, token), so the K reads come close in time: a faster
   interleaved order says they came from DRAM, and the layer's wgrad should walk that order.
+- wgrad skewed: one program an output tile and expert waits on the busiest expert; the
+  layer's launch cuts an expert's rows into chunks of at most 1.25x the mean
+  (kernels/triton_launch.py WGRAD_CHUNK) and sums the chunks' partials: `one chunk an
+  expert` over it (`x layer` > 1) is what the chunks save.
 - scatter: its time over bmm's is what the read-modify-write of the token rows costs. Its
   K launches each read and write all T output rows (67 MB at the target case, more than
   the L2 holds); chunk by chunk (`moe_mlp(n_chunks=C)`, a chunks_in_slots routing) a
@@ -248,9 +255,24 @@ def products(args, device) -> tuple[dict[str, dict], list[int]]:
                                                                 True, False)
         out["wgrad dW2"][name] = lambda rc=rc, g=gh_c: wgrad(g, dy, rc.tok_R, rc.off_S, E,
                                                               False, True)
+    # uneven routing: expert e drawn with weight (e + 1)^-0.7 (K = 4 of E = 32: the busiest
+    # gets ~4x the mean, as a WT-B layer's at init gets 3.5-5x)
+    weight = (torch.arange(E, device=device) + 1.0) ** -0.7
+    rs = make_routing(torch.multinomial(weight.expand(T, E), K, generator=gen), E)
+    gpre_s, gh_s = gpre_F[rs.order_R], gh_F[rs.order_R]
+    out["wgrad dW1 skewed"] = {
+        LAYER: lambda: wgrad(x, gpre_s, rs.tok_R, rs.off_S, E, True, False),
+        "one chunk an expert": lambda: wgrad(x, gpre_s, rs.tok_R, rs.off_S, E, True, False,
+                                             chunk_rows=R)}
+    out["wgrad dW2 skewed"] = {
+        LAYER: lambda: wgrad(gh_s, dy, rs.tok_R, rs.off_S, E, False, True),
+        "one chunk an expert": lambda: wgrad(gh_s, dy, rs.tok_R, rs.off_S, E, False, True,
+                                             chunk_rows=R)}
     out["scatter fwd"][BMM] = lambda: torch.bmm(ghb, w2)
-    out["wgrad dW1"][BMM] = lambda: torch.bmm(xb.transpose(1, 2), gpreb)
-    out["wgrad dW2"][BMM] = lambda: torch.bmm(ghb.transpose(1, 2), dyb)
+    for prod in ("wgrad dW1", "wgrad dW1 skewed"):
+        out[prod][BMM] = lambda: torch.bmm(xb.transpose(1, 2), gpreb)
+    for prod in ("wgrad dW2", "wgrad dW2 skewed"):
+        out[prod][BMM] = lambda: torch.bmm(ghb.transpose(1, 2), dyb)
     return out, rt.off_S.diff().tolist()
 
 

@@ -113,6 +113,7 @@ run tests "${TESTS_LIMIT:-200}" "$py" -m pytest -q -p no:cacheprovider "${worker
   tests/test_kernels_triton.py tests/test_kernels_triton_configs.py \
   tests/test_kernels_precompile.py tests/test_kernels_topk.py tests/test_bench_products.py \
   tests/test_kernels_relshift.py tests/test_kernels_selector.py tests/test_kernels_key_value.py \
+  tests/test_kernels_wgrad.py \
   -m "${TESTS_MARK:-not slow}" -k "not hopper and not smem_estimate and not spills"
 run relshift "${RELSHIFT_LIMIT:-30}" "$py" scripts/bench_relshift.py --out "$res/relshift.json"
 run train "${TRAIN_LIMIT:-120}" "$py" scripts/bench_train.py --reps 5 --profile 12 \

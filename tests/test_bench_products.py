@@ -28,7 +28,9 @@ def test_bench_products_checks_the_rearranged_launches(tmp_path, monkeypatch, ca
     assert list(rows) == [
         *[("gather fwd", v) for v in ("layer", "rows pre-gathered", "bmm")],
         *[(p, v) for p in ("wgrad dW1", "wgrad dW2") for v in wgrad_variants],
-        ("scatter fwd", "layer"), ("scatter fwd", "chunked C=3"), ("scatter fwd", "bmm")]
+        ("scatter fwd", "layer"), ("scatter fwd", "chunked C=3"), ("scatter fwd", "bmm"),
+        *[(p, v) for p in ("wgrad dW1 skewed", "wgrad dW2 skewed")
+          for v in ("layer", "one chunk an expert", "bmm")]]
     assert all(r["ms"] > 0 and r["x_layer"] > 0 for r in rows.values())
     assert rows["gather fwd", "layer"]["x_layer"] == 1.0
     assert rows["gather fwd", "bmm"]["flops"] == 2 * (37 * 2 // 5) * 5 * 16 * 16
@@ -42,11 +44,12 @@ def test_bench_products_checks_the_rearranged_launches(tmp_path, monkeypatch, ca
         if "l2_mb" in r:
             assert r["l2_tb_s"] == pytest.approx(r["l2_mb"] * 1e6 / (r["ms"] * 1e-3) / 1e12)
     assert rows["wgrad dW1", "layer"]["l2_mb"] == rows["wgrad dW1", "interleaved C=5"]["l2_mb"]
-    assert all(("l2_mb" in r) == (v not in ("bmm", "chunked C=3")) for (_, v), r in rows.items())
+    assert all(("l2_mb" in r) == (v not in ("bmm", "chunked C=3") and "skewed" not in p)
+               for (p, v), r in rows.items())
     said = capsys.readouterr().out.splitlines()
     assert [ln.split(" (")[0] for ln in said if ln.startswith("check")] == [
         "check gather fwd: ok", "check wgrad dW1: ok", "check wgrad dW2: ok",
-        "check scatter fwd: ok"]
+        "check scatter fwd: ok", "check wgrad dW1 skewed: ok", "check wgrad dW2 skewed: ok"]
     # a product whose tuner's choice is not found gets no L2 column (the others keep theirs)
     real_blocks = bench_products.product_blocks
     monkeypatch.setattr(bench_products, "product_blocks",
@@ -57,8 +60,8 @@ def test_bench_products_checks_the_rearranged_launches(tmp_path, monkeypatch, ca
     monkeypatch.undo()
     capsys.readouterr()
     real = triton_launch.wgrad  # one that drops a chunk's rows
-    monkeypatch.setattr(triton_launch, "wgrad", lambda a, b, tok, off, E, *f: real(
-        a, b, tok, off if off.numel() - 1 == E * 2 else off.clamp(max=off[1]), E, *f))
+    monkeypatch.setattr(triton_launch, "wgrad", lambda a, b, tok, off, E, *f, **kw: real(
+        a, b, tok, off if off.numel() - 1 == E * 2 else off.clamp(max=off[1]), E, *f, **kw))
     checks = checks_of_a_failing_run(bench_products.main, argv, path,
                                      "a rearranged variant disagrees", capsys)
     assert checks[1].startswith("check wgrad dW1: FAIL {'interleaved C=2': ")
