@@ -55,7 +55,9 @@ def compiling_only(workers: int):
     backward runs on this thread instead (`set_multithreading_enabled` is thread-local)."""
     run = Autotuner.run
     Autotuner.run = _compile_configs
-    for kernel in COMPILE_ONLY:  # an instance attribute over JITFunction.run
+    # an instance attribute over JITFunction.run (put back as found: nested use, patches)
+    own_runs = [vars(kernel).get("run") for kernel in COMPILE_ONLY]
+    for kernel in COMPILE_ONLY:
         kernel.run = lambda *args, _run=kernel.run, warmup=False, **kw: _run(
             *args, warmup=True, **kw)
     try:
@@ -65,8 +67,11 @@ def compiling_only(workers: int):
             yield
     finally:
         Autotuner.run = run
-        for kernel in COMPILE_ONLY:
-            del kernel.run
+        for kernel, own in zip(COMPILE_ONLY, own_runs, strict=True):
+            if own is None:
+                del kernel.run
+            else:
+                kernel.run = own
 
 
 def precompile_problem() -> str | None:

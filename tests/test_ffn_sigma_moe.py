@@ -184,3 +184,18 @@ def test_an_empty_batch_trains(backend):
     assert loss.item() == 0.0
     (y_BTD.sum() + loss).backward()
     assert all(p.grad is None or torch.isfinite(p.grad).all() for p in moe.parameters())
+
+
+@pytest.mark.parametrize("backend,dtype", [("reference", torch.float32),
+                                           ("torch", torch.bfloat16)])
+def test_experts_get_x_in_the_dtype_their_backend_computes_in(backend, dtype, monkeypatch):
+    """Under autocast the reference computes in its inputs' own dtypes (fp32 here, as a
+    check should), the other backends get x cast once, shared with the selector."""
+    import models.ffn.experts as experts
+
+    seen, real = [], experts.moe_mlp
+    monkeypatch.setattr(experts, "moe_mlp", lambda x, *a, **k: seen.append(x.dtype)
+                        or real(x, *a, **k))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        make(backend=backend)(torch.randn(2, 5, D))
+    assert seen == [dtype]

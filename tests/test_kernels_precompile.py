@@ -73,6 +73,36 @@ def test_precompile_compiles_the_configs_an_autotuner_would_try(monkeypatch):
     assert str(said).startswith("precompile: failed (TypeError: ")
 
 
+def test_compiling_only_puts_back_the_runs_it_patched():
+    """COMPILE_ONLY's kernels get a compile-only `run` within, and afterwards what they had
+    before: a nested entry (which Triton refuses: one AsyncCompileMode at a time) keeps
+    the outer's patch; a `run` of someone else's survives."""
+    from kernels.triton_precompile import COMPILE_ONLY, compiling_only
+
+    kernel = COMPILE_ONLY[0]
+    assert "run" not in vars(kernel)
+    with compiling_only(1):
+        outer = kernel.run
+        try:
+            with compiling_only(1):
+                pass
+        except RuntimeError:  # "Another AsyncCompileMode is already active"
+            pass
+        assert kernel.run is outer
+    assert "run" not in vars(kernel)
+
+    def mine(*args, **kwargs):
+        return None
+
+    kernel.run = mine
+    try:
+        with compiling_only(1):
+            assert kernel.run is not mine
+        assert kernel.run is mine
+    finally:
+        del kernel.run
+
+
 def test_launch_kernel_goes_past_the_autotuner_once_it_chose(monkeypatch):
     """kernels/triton_launch.launch_kernel: the first launch of a key (the tuner's key
     arguments and every pointer's dtype, what Triton's own key holds) goes through the
