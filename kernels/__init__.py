@@ -38,10 +38,10 @@ if TYPE_CHECKING:  # (Triton is optional)
 
 try:  # Triton is optional: without it (or without a GPU) everything but "triton*" works
     from kernels import triton_ops
-    from kernels.triton_launch import INTERPRET as TRITON_INTERPRET
-    from kernels.triton_launch import interpreter_problem
+    from kernels.triton_cvmm import INTERPRET as TRITON_INTERPRET
     from kernels.triton_relshift import relshift_bias, relshift_bias_grad
     from kernels.triton_topk import topk_ids
+    from kernels.triton_tuning import interpreter_problem
 
     HAS_TRITON, _TRITON_ERROR = True, ""
 except ImportError as err:  # pragma: no cover - depends on the install

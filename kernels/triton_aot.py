@@ -27,7 +27,7 @@ def aot_problem() -> str | None:
     """Why this Triton cannot run compile_all (None: it can)."""
     import triton
 
-    from kernels.triton_launch import minor_version
+    from kernels.triton_tuning import minor_version
 
     if minor_version(triton.__version__) < (3, 6):
         return (f"kernels/triton_aot.py uses the compile API of Triton >= 3.6 (checked with "
@@ -142,7 +142,8 @@ def compile_all(dt: str = "bf16", capability: int = 90, warps: int = 8, stages: 
 def main(argv=None) -> None:
     import argparse
 
-    from kernels import triton_launch as tl
+    from kernels import triton_launch  # noqa: F401 (its autotuners fill TUNED)
+    from kernels import triton_tuning as tl
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("dtype", nargs="?", default="bf16",
@@ -150,7 +151,7 @@ def main(argv=None) -> None:
                    help="input dtype of the kernels (default bf16); fp32-ieee: fp32 without "
                         "TF32, torch's default, with its own autotune configs")
     p.add_argument("--all-configs", action="store_true",
-                   help="every autotune config (kernels/triton_launch.py), with the shared "
+                   help="every autotune config (kernels/triton_tuning.py), with the shared "
                         "memory that fitting_configs estimates for it (`estimate`) and "
                         "whether it fits an H100's 227 KB per block (`fits`)")
     p.add_argument("--kernels", nargs="+", choices=list(tl.TUNED), default=list(tl.TUNED),

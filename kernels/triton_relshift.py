@@ -19,7 +19,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from kernels.triton_launch import _on_tensor_device, cdiv
+from kernels.triton_launch import _on_tensor_device
+from kernels.triton_tuning import cdiv
 
 ROWS, BLOCK_C, WARPS = 8, 256, 4  # 2048 elements a tile: a bandwidth kernel, ~16 a thread
 

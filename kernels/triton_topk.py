@@ -14,7 +14,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from kernels.triton_launch import _on_tensor_device, cdiv, next_power_of_2
+from kernels.triton_launch import _on_tensor_device
+from kernels.triton_tuning import cdiv, next_power_of_2
 
 
 @triton.jit

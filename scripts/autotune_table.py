@@ -1,6 +1,6 @@
 """Every config the Triton autotuners timed, per kernel and key, from Triton's own record.
 
-The CVMM kernels (paper Eq. `cvmm`) autotune with `cache_results` (kernels/triton_launch.py):
+The CVMM kernels (paper Eq. `cvmm`) autotune with `cache_results` (kernels/triton_tuning.py):
 Triton writes each key's timings of every config it tried to `<fn>.autotune.json` in its
 cache folder, whichever process tuned it. This reads them all back and prints, per key,
 the configs from fastest to slowest: graph-replay median (us), ratio to the fastest, and

@@ -63,7 +63,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kernels import triton_launch as L  # noqa: E402
 from kernels.testing import TOLERANCE, rel_err  # noqa: E402
-from kernels.triton_launch import _INTERPRET_BLOCKS, EPI_RELU, cdiv  # noqa: E402
+from kernels.triton_launch import EPI_RELU  # noqa: E402
+from kernels.triton_tuning import _INTERPRET_BLOCKS, _dot_args, cdiv  # noqa: E402
 from scripts.bench_common import (  # noqa: E402
     DTYPES,
     ROOT,
@@ -173,7 +174,7 @@ def l2_bytes(product: str, blocks: dict, seg_rows: list[int], D: int, G: int, E:
 def product_blocks(dtype: torch.dtype, D: int, G: int, K: int) -> dict:
     """Launch kind -> the (BLOCK_M, BLOCK_N, N_TILES) its autotuner chose at this case (the
     layer's launches: no token chunks, K segments an expert)."""
-    p = L._dot_args(dtype)["PRECISION"]
+    p = _dot_args(dtype)["PRECISION"]
     return {
         "gather": chosen_blocks(L._gather_mm, dict(N=G, KD=D, EPILOGUE=EPI_RELU, PRECISION=p)),
         "wgrad dW1": chosen_blocks(L._wgrad, dict(M=D, N=G, GATHER_A=True, GATHER_B=False,

@@ -132,7 +132,7 @@ def test_chosen_blocks_reads_the_autotuners_choice():
     blocks where the kernel has no autotuner."""
     import triton
 
-    from kernels.triton_launch import _INTERPRET_BLOCKS
+    from kernels.triton_tuning import _INTERPRET_BLOCKS
     from scripts.bench_products import chosen_blocks
 
     class Tuner:

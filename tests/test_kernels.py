@@ -304,7 +304,7 @@ def test_triton_backend_refused_on_cpu_without_interpreter(monkeypatch):
 
 @pytest.mark.skipif(not kernels.HAS_TRITON, reason="needs Triton")
 def test_triton_interpreter_refused_where_it_cannot_run(monkeypatch):
-    from kernels.triton_launch import interpreter_problem
+    from kernels.triton_tuning import interpreter_problem
 
     assert "numpy<2.4" in interpreter_problem("3.6.0", "2.4.6")
     assert interpreter_problem("3.6.0", "2.3.5") is None

@@ -1,7 +1,7 @@
 """Compiling the autotune configs ahead, in parallel (kernels/triton_precompile.py): the
 autotuner's launches compile instead of running, and the real run after it finds them
 compiled (on this CPU through a stand-in CUDA driver for sm_90; on a GPU for real); and
-launching past the autotuner once it chose (kernels/triton_launch.launch_kernel).
+launching past the autotuner once it chose (kernels/triton_tuning.launch_kernel).
 """
 import pytest
 import torch
@@ -104,7 +104,7 @@ def test_compiling_only_puts_back_the_runs_it_patched():
 
 
 def test_launch_kernel_goes_past_the_autotuner_once_it_chose(monkeypatch):
-    """kernels/triton_launch.launch_kernel: the first launch of a key (the tuner's key
+    """kernels/triton_tuning.launch_kernel: the first launch of a key (the tuner's key
     arguments and every pointer's dtype, what Triton's own key holds) goes through the
     autotuner, which times the configs; later launches of that key run the same launch
     (grid, arguments and every kwarg of the config) without asking it; another key value
@@ -112,7 +112,7 @@ def test_launch_kernel_goes_past_the_autotuner_once_it_chose(monkeypatch):
     An autotuner that keys its choices otherwise is asked every time."""
     from triton.runtime.autotuner import Autotuner
 
-    from kernels import triton_launch, triton_precompile
+    from kernels import triton_precompile, triton_tuning
 
     ran, timed, asked = [], [], []
     tuner = fake_tuner(lambda args, grid, warmup, kwargs: ran.append(
@@ -123,18 +123,18 @@ def test_launch_kernel_goes_past_the_autotuner_once_it_chose(monkeypatch):
     monkeypatch.setattr(Autotuner, "__getitem__",
                         lambda self, grid: asked.append(grid) or getitem(self, grid))
     x16, x32 = torch.zeros(2, dtype=torch.float16), torch.zeros(2)
-    triton_launch.launch_kernel(tuner, (1,), x16, 8)
+    triton_tuning.launch_kernel(tuner, (1,), x16, 8)
     assert timed == [16, 32, 64] and len(asked) == 1
     assert ran[0][:4] == (torch.float16, 8, (1,), False) and ran[0][4]["BLOCK"] == 32
-    triton_launch.launch_kernel(tuner, (1,), x16, 8)  # known: straight to the kernel
+    triton_tuning.launch_kernel(tuner, (1,), x16, 8)  # known: straight to the kernel
     assert len(asked) == 1 and ran[1] == ran[0] and "num_warps" in ran[1][4]
-    triton_launch.launch_kernel(tuner, (1,), x32, 8)  # another dtype: asked, timed
-    triton_launch.launch_kernel(tuner, (1,), x16, 9)  # another n: asked, timed
+    triton_tuning.launch_kernel(tuner, (1,), x32, 8)  # another dtype: asked, timed
+    triton_tuning.launch_kernel(tuner, (1,), x16, 9)  # another n: asked, timed
     assert len(asked) == 3 and timed == [16, 32, 64] * 3
     assert [r[:2] for r in ran[2:]] == [(torch.float32, 8), (torch.float16, 9)]
     ran.clear()
     with triton_precompile.compiling_only(workers=1):
-        triton_launch.launch_kernel(tuner, (1,), x16, 8)
+        triton_tuning.launch_kernel(tuner, (1,), x16, 8)
     assert [(r[3], r[4]["BLOCK"]) for r in ran] == [(True, b) for b in (16, 32, 64)]
 
     class OtherKeys(dict):  # a Triton whose autotuner would key its choices otherwise
@@ -150,7 +150,7 @@ def test_launch_kernel_goes_past_the_autotuner_once_it_chose(monkeypatch):
     tuner.cache = OtherKeys()
     asked.clear()
     for _ in range(2):
-        triton_launch.launch_kernel(tuner, (1,), x16, 10)
+        triton_tuning.launch_kernel(tuner, (1,), x16, 10)
     assert len(asked) == 2  # nothing found under the launch's key: asked every time
 
 
@@ -159,11 +159,12 @@ def test_launch_kernel_goes_past_the_autotuner_once_it_chose(monkeypatch):
 PRECOMPILE_LAYER = STAND_IN_DRIVER + """
 import torch
 import kernels.triton_launch as L
+import kernels.triton_tuning as tuning
 from kernels import triton_ops
 from kernels.routing import make_routing
 from kernels.triton_precompile import precompile
 
-L.max_shared_mem = lambda index: L.H100_SMEM
+tuning.max_shared_mem = lambda index: tuning.H100_SMEM
 T, D, E, G, K = 64, 256, 8, 64, 4
 x, gate, w1, w2 = (torch.randn(*s, dtype=torch.bfloat16).requires_grad_()
                    for s in ((T, D), (T, K), (E, D, G), (E, G, D)))

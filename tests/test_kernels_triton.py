@@ -193,7 +193,7 @@ def _scatter_with_config(monkeypatch, cfg, scaled, T, N, E, K, G, dtype, device)
 
 
 def _column_loop_configs() -> list:
-    from kernels.triton_launch import SCATTER_CONFIGS
+    from kernels.triton_tuning import SCATTER_CONFIGS
 
     return [c for c in SCATTER_CONFIGS if c.kwargs.get("N_TILES", 1) > 1]
 

@@ -1,4 +1,4 @@
-"""The CVMM kernels' autotune configs (kernels/triton_launch.py): what they need on sm_90
+"""The CVMM kernels' autotune configs (kernels/triton_tuning.py): what they need on sm_90
 (shared memory, registers, wgmma and a pipelined loop, compiled ahead of time with real
 Triton, no GPU needed), which ones a GPU's shared memory keeps, and how the autotuner
 times them; the launchers' host-side arithmetic.
@@ -42,7 +42,7 @@ def test_smem_estimate_is_what_triton_allocates():
     """fitting_configs' estimate is the shared memory of every compiled fp32 config (sm_90;
     of the wgrad kernel with 2 stages, an upper bound), so the pruning drops exactly the
     configs that cannot run on an H100."""
-    from kernels.triton_launch import (
+    from kernels.triton_tuning import (
         H100_SMEM,
         MM_CONFIGS,
         SCATTER_CONFIGS,
@@ -101,14 +101,14 @@ def test_loads_stay_in_flight_across_loop_steps():
         ahead = max(0, ((s + 1) // 2 if wgrad else s) - 2)
         groups = 3 if wgrad else 1 if r["variant"].get("N_TILES", 1) > 1 else 2
         assert r["copies_left_in_flight"] == groups * ahead, r
-    from kernels.triton_launch import WGRAD_CONFIGS
+    from kernels.triton_tuning import WGRAD_CONFIGS
 
     baseline = WGRAD_CONFIGS[-1]
     assert baseline.num_stages == 4 and all(c.num_stages >= 5 for c in WGRAD_CONFIGS[:-1])
 
 
 def test_fitting_configs_per_gpu():
-    from kernels.triton_launch import (
+    from kernels.triton_tuning import (
         H100_SMEM,
         MM_CONFIGS,
         SMALL_CONFIG,
@@ -133,7 +133,7 @@ def test_fitting_configs_per_gpu():
 def test_autotune_candidates_per_precision_and_switch(monkeypatch):
     """fp32 without TF32 runs on FMA units, where every tile above 64x64 spills: its own
     configs; SIGMA_MOE_TRITON_AUTOTUNE=0 (the GPU tests) keeps the first that fits."""
-    import kernels.triton_launch as L
+    import kernels.triton_tuning as L
 
     monkeypatch.setattr(L, "max_shared_mem", lambda index: L.H100_SMEM)
     monkeypatch.setattr(L, "AUTOTUNE", True)
@@ -155,7 +155,7 @@ def test_tf32_is_read_from_either_torch_api():
     >= 2.9): fp32 launches crashed in such a process."""
     from types import SimpleNamespace as NS
 
-    from kernels.triton_launch import tf32_allowed
+    from kernels.triton_tuning import tf32_allowed
 
     assert tf32_allowed(NS(allow_tf32=True)) and not tf32_allowed(NS(allow_tf32=False))
     assert tf32_allowed(NS(fp32_precision="tf32"), NS(fp32_precision="ieee"))
@@ -169,7 +169,7 @@ def test_fp32_without_tf32_compiles_without_spills():
     """The IEEE configs: every kernel variant for sm_90 without spills (the tensor-core
     configs need over 255 registers per thread on FMA units and spill up to 2 KB)."""
     reports = _compile_for_hopper("fp32-ieee", "--all-configs", "--spills")
-    from kernels.triton_launch import IEEE_CONFIGS
+    from kernels.triton_tuning import IEEE_CONFIGS
 
     assert len(reports) == 3 * 2 * len(IEEE_CONFIGS)
     assert all(r["spill_bytes"] == 0 for r in reports), reports
@@ -200,7 +200,7 @@ def test_autotune_times_graph_replays_after_the_callers_kernels(monkeypatch):
     replays of the launch, with the autotuner's quantiles."""
     import triton.testing
 
-    from kernels import triton_launch
+    from kernels import triton_tuning
 
     calls = []
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: calls.append("sync"))
@@ -208,8 +208,8 @@ def test_autotune_times_graph_replays_after_the_callers_kernels(monkeypatch):
                         lambda fn, rep, quantiles: calls.append(("graphs", fn, rep, quantiles))
                         or [1.0, 0.9, 1.1])
     launch = object()
-    assert triton_launch.graph_bench(launch, quantiles=(0.5, 0.2, 0.8)) == [1.0, 0.9, 1.1]
-    assert calls == ["sync", ("graphs", launch, triton_launch.GRAPH_BENCH_REP_MS,
+    assert triton_tuning.graph_bench(launch, quantiles=(0.5, 0.2, 0.8)) == [1.0, 0.9, 1.1]
+    assert calls == ["sync", ("graphs", launch, triton_tuning.GRAPH_BENCH_REP_MS,
                               (0.5, 0.2, 0.8))]
     # a capture that fails: timed launch by launch after all, with a warning
 
@@ -221,16 +221,16 @@ def test_autotune_times_graph_replays_after_the_callers_kernels(monkeypatch):
                         lambda fn, quantiles: calls.append(("events", fn)) or [2.0, 1.9, 2.1])
     calls.clear()
     with pytest.warns(UserWarning, match="CUDA-graph replays failed .*stream is capturing"):
-        assert triton_launch.graph_bench(launch, quantiles=(0.5,)) == [2.0, 1.9, 2.1]
+        assert triton_tuning.graph_bench(launch, quantiles=(0.5,)) == [2.0, 1.9, 2.1]
     assert calls == ["sync", "sync", ("events", launch)]
 
 
 def test_host_arithmetic_is_tritons():
-    """triton_launch.cdiv / next_power_of_2 (plain Python on the host, where Triton's are
+    """triton_tuning.cdiv / next_power_of_2 (plain Python on the host, where Triton's are
     constexpr functions costing ~1.4 us a call) agree with Triton's."""
     import triton
 
-    from kernels.triton_launch import cdiv, next_power_of_2
+    from kernels.triton_tuning import cdiv, next_power_of_2
 
     assert all(cdiv(a, b) == triton.cdiv(a, b) for a in range(300) for b in range(1, 70))
     assert all(next_power_of_2(n) == triton.next_power_of_2(n) for n in range(1, 5000))
