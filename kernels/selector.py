@@ -52,9 +52,12 @@ def compute_dtype(x_TD: torch.Tensor) -> torch.dtype:
     return x_TD.dtype
 
 
-def selector_logits(x_TD: torch.Tensor, w_ED: torch.Tensor
+def selector_logits(x_TD: torch.Tensor, w_ED: torch.Tensor, backend: str = "auto"
                     ) -> tuple[torch.Tensor, torch.Tensor]:
     """(logits_TE = x_TD @ w_ED.T, x_TD for the experts), both in `compute_dtype(x_TD)`.
-    Pass the second to `moe_mlp` in place of x: the backward then adds the two x gradients
-    inside the selector's product."""
+    Pass the second to `moe_mlp` (with the same `backend`) in place of x: the backward then
+    adds the two x gradients inside the selector's product. The reference backend computes
+    in its inputs' own dtypes: it gets x as given, beside plain autograd's product."""
+    if backend == "reference":
+        return x_TD @ w_ED.T, x_TD
     return _SelectorLogits.apply(x_TD, w_ED, compute_dtype(x_TD))

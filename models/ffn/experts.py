@@ -112,10 +112,8 @@ class ExpertsFFN(FFN):
 
     def forward(self, x_BTD: torch.Tensor) -> torch.Tensor:
         x_TD = x_BTD.reshape(-1, x_BTD.shape[-1])
-        if self.cfg.backend == "reference":  # computes in its inputs' own dtypes: x as given
-            logits_TE = x_TD @ self.w3_ED.T
-        else:  # x cast once for both uses; the backward adds the two x gradients in one product
-            logits_TE, x_TD = selector_logits(x_TD, self.w3_ED)
+        # x cast once for both uses; the backward adds the two x gradients in one product
+        logits_TE, x_TD = selector_logits(x_TD, self.w3_ED, self.cfg.backend)
         expert_TK, gate_TK = self.select(logits_TE)
         self.stats.record_moe(expert_TK, gate_TK, self.cfg.n_experts)
         y_TD = moe_mlp(
