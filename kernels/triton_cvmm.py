@@ -14,8 +14,9 @@ layer (Eq. `moe_out`) and its backward:
   outputs of a token are summed in a fixed order, in place, with no atomics and no
   T*K*D buffer (the down-projection, and the input gradient of any gathered CVMM). With
   C token chunks, chunk by chunk: a chunk's K launches touch only its output rows.
-- `wgrad_kernel`: dW[e] = sum_{r of e} A[ia_r]^T B[ib_r]. One program owns one
-  (expert, output tile) and walks that expert's rows in order: deterministic, no atomics
+- `wgrad_kernel`: dW[e] = sum_{r of e} A[ia_r]^T B[ib_r]. One program owns one output tile
+  of one chunk of an expert's rows and walks it in order; an expert of several chunks gets
+  fp32 partials that `wgrad_reduce_kernel` sums in chunk order: deterministic, no atomics
   (the original and its Triton successor used atomics).
 
 Weights come in as W[e, k, n] with arbitrary strides, so W^T (the input gradients) is a
@@ -74,25 +75,37 @@ def _segment_tile(pid_m, off_ptr, n_seg, seg_stride, seg_first, seg_len, reverse
     return seg, row0, row_end
 
 
-def _wgrad_item(item, off_ptr, n_exp, segs_per_expert, chunk_rows, SEG_P2: tl.constexpr):
-    """Work item `item` of the weight gradient: each expert's rows cut into chunks of at
-    most chunk_rows, numbered expert by expert (an expert without rows: one empty chunk).
-    -> (e, first row, end row, the number of chunks of e, the partial slot of this chunk
-    among the experts of more than one chunk); e == n_exp when there is no such item."""
+def _expert_chunks(off_ptr, n_exp, segs_per_expert, chunk_rows, SEG_P2: tl.constexpr):
+    """Every expert's rows cut into chunks of at most chunk_rows (an expert without rows:
+    one empty chunk), a lane an expert. -> (lanes s, first row, end row, chunks of s)."""
     s = tl.arange(0, SEG_P2)
     valid = s < n_exp
     start = tl.load(off_ptr + s * segs_per_expert, mask=valid, other=0)
     end = tl.load(off_ptr + (s + 1) * segs_per_expert, mask=valid, other=0)
     n_chunks = tl.where(valid, tl.maximum((end - start + chunk_rows - 1) // chunk_rows, 1), 0)
+    return s, start, end, n_chunks
+
+
+def _first_slot(s, e, n_chunks):
+    """Expert e's first partial slot: the partials of the experts before it that have more
+    than one chunk come first."""
+    return tl.sum(tl.where((s < e) & (n_chunks > 1), n_chunks, 0), 0)
+
+
+def _wgrad_item(item, off_ptr, n_exp, segs_per_expert, chunk_rows, SEG_P2: tl.constexpr):
+    """Work item `item` of the weight gradient: the chunks of `_expert_chunks`, numbered
+    expert by expert. -> (e, first row, end row, the number of chunks of e, the partial
+    slot of this chunk); e == n_exp when there is no such item."""
+    s, start, end, n_chunks = _expert_chunks(off_ptr, n_exp, segs_per_expert, chunk_rows,
+                                             SEG_P2)
     upto = tl.cumsum(n_chunks, 0)  # items of the experts <= s
-    e = tl.sum((valid & (upto <= item)).to(tl.int32), 0)
+    e = tl.sum(((s < n_exp) & (upto <= item)).to(tl.int32), 0)
     here = s == e
     n_e = tl.sum(tl.where(here, n_chunks, 0), 0)
     c = item - tl.sum(tl.where(here, upto, 0), 0) + n_e
-    slot = tl.sum(tl.where((s < e) & (n_chunks > 1), n_chunks, 0), 0) + c
     row0 = tl.sum(tl.where(here, start, 0), 0) + c * chunk_rows
     row_end = tl.minimum(tl.sum(tl.where(here, end, 0), 0), row0 + chunk_rows)
-    return e, row0, row_end, n_e, slot
+    return e, row0, row_end, n_e, _first_slot(s, e, n_chunks) + c
 
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
@@ -101,6 +114,8 @@ INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 # the helper runs as the plain Python it is.
 if not INTERPRET:
     _segment_tile = triton.jit(_segment_tile)
+    _expert_chunks = triton.jit(_expert_chunks)
+    _first_slot = triton.jit(_first_slot)
     _wgrad_item = triton.jit(_wgrad_item)
 
 
@@ -392,15 +407,11 @@ def wgrad_reduce_kernel(
     first (wgrad_kernel wrote every other expert's)."""
     pid = tl.program_id(0)
     e = tl.program_id(1)
-    s = tl.arange(0, SEG_P2)
-    valid = s < n_exp
-    start = tl.load(off_ptr + s * segs_per_expert, mask=valid, other=0)
-    end = tl.load(off_ptr + (s + 1) * segs_per_expert, mask=valid, other=0)
-    n_chunks = tl.where(valid, (end - start + chunk_rows - 1) // chunk_rows, 0)
+    s, _, _, n_chunks = _expert_chunks(off_ptr, n_exp, segs_per_expert, chunk_rows, SEG_P2)
     n_e = tl.sum(tl.where(s == e, n_chunks, 0), 0)
-    if n_e <= 1:
+    if n_e == 1:
         return
-    slot = tl.sum(tl.where((s < e) & (n_chunks > 1), n_chunks, 0), 0)
+    slot = _first_slot(s, e, n_chunks)
     n_tiles_n = tl.cdiv(N, BLOCK_N)
     ms = (pid // n_tiles_n) * BLOCK_M + tl.arange(0, BLOCK_M)
     ns = (pid % n_tiles_n) * BLOCK_N + tl.arange(0, BLOCK_N)

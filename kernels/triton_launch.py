@@ -163,8 +163,7 @@ WGRAD_CHUNK = 1.25
 
 def wgrad_chunk_rows(n_rows: int, n_exp: int) -> int:
     """The default chunk: WGRAD_CHUNK x the mean rows an expert gets, rounded up to 64."""
-    mean = -(-n_rows // max(n_exp, 1))
-    return max(64, -(-int(WGRAD_CHUNK * mean) // 64) * 64)
+    return max(64, cdiv(int(WGRAD_CHUNK * cdiv(n_rows, max(n_exp, 1))), 64) * 64)
 
 
 @_on_tensor_device
