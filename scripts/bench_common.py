@@ -105,9 +105,11 @@ def paired_ratio(ms: list[float], dense_ms: list[float]) -> tuple[float, list[fl
 def parse_with_defaults(parser, argv, resolved, not_results
                         ) -> tuple[argparse.Namespace, list[str]]:
     """-> (arguments resolved for their device, the flags whose values differ from that
-    device's defaults, except `not_results`)."""
+    device's defaults (a parser without --device: from its defaults), except
+    `not_results`)."""
     args = resolved(parser.parse_args(argv))
-    defaults = resolved(parser.parse_args(["--device", args.device]))
+    device = ["--device", args.device] if hasattr(args, "device") else []
+    defaults = resolved(parser.parse_args(device))
     return args, ["--" + k.replace("_", "-") for k, v in vars(args).items()
                   if k not in not_results and v != getattr(defaults, k)]
 

@@ -31,6 +31,7 @@ from scripts.bench_common import (  # noqa: E402
     DTYPES,
     device_slug,
     out_path,
+    parse_with_defaults,
     positive,
     time_all,
     triton_device,
@@ -48,9 +49,7 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--reps", type=positive, default=15)
     p.add_argument("--out", type=Path, help="JSON path (default benchmarks/relshift_<gpu>.json)")
-    args, defaults = p.parse_args(argv), p.parse_args([])
-    return args, ["--" + k.replace("_", "-") for k, v in vars(args).items()
-                  if k != "out" and v != getattr(defaults, k)]
+    return parse_with_defaults(p, argv, lambda args: args, not_results={"out"})
 
 
 def bench_shape(shape: str, args, device: str, dtype: torch.dtype) -> dict:
