@@ -103,30 +103,39 @@ def ptxas_usage(ptx: str, capability: int) -> dict:
             "spill_bytes": int(spills.group(1)) + int(spills.group(2)) if spills else None}
 
 
-def compile_all(dt: str = "bf16", capability: int = 90, warps: int = 8, stages: int = 4,
-                blocks: dict | None = None, kernel: str | None = None, spills: bool = False):
-    """Reports of every variant (of `kernel` only, if given); `blocks`: BLOCK_M/N/K;
-    `spills`: add registers and spilled bytes (a ptxas run each)."""
+def compile_kernel(fn, constexprs: dict, ptrs: dict, div16=(), capability: int = 90,
+                   **options):
+    """`fn` (a @triton.jit kernel) compiled for `capability` as a launch specialises it:
+    `constexprs`, pointer element types `ptrs` (16-byte aligned, as torch allocates),
+    integer arguments `div16` divisible by 16, every other argument a plain i32.
+    `options`: num_warps, num_stages."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
+    names = fn.arg_names
+    sig = {n: "constexpr" if n in constexprs else (f"*{ptrs[n]}" if n in ptrs else "i32")
+           for n in names}
+    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in [*ptrs, *div16]}
+    return triton.compile(ASTSource(fn, sig, constexprs, attrs),
+                          target=GPUTarget("cuda", capability, 32), options=options)
+
+
+def compile_all(dt: str = "bf16", capability: int = 90, warps: int = 8, stages: int = 4,
+                blocks: dict | None = None, kernel: str | None = None, spills: bool = False):
+    """Reports of every variant (of `kernel` only, if given); `blocks`: BLOCK_M/N/K;
+    `spills`: add registers and spilled bytes (a ptxas run each)."""
     from kernels import triton_cvmm
 
-    target = GPUTarget("cuda", capability, 32)
     for name, cex, ones, div16, ptrs in variants(dt, blocks):
         if kernel is not None and name != kernel:
             continue
         fn = getattr(triton_cvmm, name)
-        names = fn.arg_names
         defaults = {n: p.default for n, p in inspect.signature(fn.fn).parameters.items()
                     if p.default is not inspect.Parameter.empty}  # e.g. EARLY_Y
         cex = {**defaults, **cex, **{n: 1 for n in ones}}
-        sig = {n: "constexpr" if n in cex else (f"*{ptrs[n]}" if n in ptrs else "i32")
-               for n in names}
-        attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in [*ptrs, *div16]}
-        compiled = triton.compile(ASTSource(fn, sig, cex, attrs), target=target,
-                                  options={"num_warps": warps, "num_stages": stages})
+        compiled = compile_kernel(fn, cex, ptrs, div16, capability, num_warps=warps,
+                                  num_stages=stages)
         ttgir = compiled.asm["ttgir"]
         waits = re.findall(r"cp\.async\.wait_group\s+(\d+)", compiled.asm["ptx"])
         yield {"kernel": name, "variant": {k: v for k, v in cex.items() if k.isupper()},

@@ -84,23 +84,16 @@ def test_gpu_relshift_at_wt_b_shapes():
 
 
 _COMPILE = """
-import json, re, triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
-from kernels.triton_aot import ptxas_usage
+import json, re
+from kernels.triton_aot import compile_kernel, ptxas_usage
 from kernels.triton_relshift import BLOCK_C, ROWS, WARPS, relshift_kernel
-names = relshift_kernel.arg_names
 for dt in ("bf16", "fp32"):
     for bwd in (False, True):
         cex = {"FILL": 0.0 if bwd else float("-inf"), "BACKWARD": bwd, "ROWS": ROWS,
                "BLOCK_C": BLOCK_C}
-        sig = {n: "constexpr" if n in cex else ("*" + dt if n.endswith("_ptr") else "i32")
-               for n in names}
         # what a launch at WT-B's shapes specialises: aligned pointers, sizes divisible by 16
-        attrs = {(names.index(n),): [["tt.divisibility", 16]]
-                 for n in ("src_ptr", "dst_ptr", "n_rows", "H", "B", "T", "L", "P")}
-        c = triton.compile(ASTSource(relshift_kernel, sig, cex, attrs),
-                           target=GPUTarget("cuda", 90, 32), options={"num_warps": WARPS})
+        c = compile_kernel(relshift_kernel, cex, {"src_ptr": dt, "dst_ptr": dt},
+                           ("n_rows", "H", "B", "T", "L", "P"), num_warps=WARPS)
         stores = set(re.findall(r"st\\.global(?:\\.\\w+)*", c.asm["ptx"]))
         print(json.dumps({"backward": bwd, "stores": sorted(stores),
                           **ptxas_usage(c.asm["ptx"], 90)}))

@@ -61,17 +61,12 @@ def test_topk_rejects_k_beyond_the_experts_and_unknown_backends():
 
 _COMPILE_TOPK = """
 import json, triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
-from kernels.triton_aot import ptxas_usage
+from kernels.triton_aot import compile_kernel, ptxas_usage
 from kernels.triton_topk import _block_t, topk_kernel
 for dt, E, K in (("bf16", 8, 2), ("bf16", 32, 4), ("fp32", 33, 8), ("bf16", 512, 8)):
     cex = {"K": K, "E_P2": triton.next_power_of_2(E), "stride_e": 1}
     cex["BLOCK_T"] = _block_t(cex["E_P2"])
-    sig = {n: "constexpr" if n in cex else {"s_ptr": "*" + dt, "idx_ptr": "*i64"}.get(n, "i32")
-           for n in topk_kernel.arg_names}
-    c = triton.compile(ASTSource(topk_kernel, sig, cex, {}), target=GPUTarget("cuda", 90, 32),
-                       options={"num_warps": 4})
+    c = compile_kernel(topk_kernel, cex, {"s_ptr": dt, "idx_ptr": "i64"}, num_warps=4)
     print(json.dumps(ptxas_usage(c.asm["ptx"], 90)))
 """
 

@@ -87,18 +87,12 @@ def test_layer_with_split_weight_gradients(monkeypatch):
 
 
 _COMPILE_REDUCE = """
-import json, triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
-from kernels.triton_aot import ptxas_usage
-from kernels.triton_cvmm import wgrad_reduce_kernel as k
+import json
+from kernels.triton_aot import compile_kernel, ptxas_usage
+from kernels.triton_cvmm import wgrad_reduce_kernel
 for dt in ("bf16", "fp32"):
-    cex = {"SEG_P2": 32, "BLOCK_M": 64, "BLOCK_N": 64}
-    ptrs = {"ws_ptr": "fp32", "dw_ptr": dt, "off_ptr": "i32"}
-    sig = {n: "constexpr" if n in cex else "*" + ptrs[n] if n in ptrs else "i32"
-           for n in k.arg_names}
-    c = triton.compile(ASTSource(k, sig, cex, {}), target=GPUTarget("cuda", 90, 32),
-                       options={"num_warps": 4})
+    c = compile_kernel(wgrad_reduce_kernel, {"SEG_P2": 32, "BLOCK_M": 64, "BLOCK_N": 64},
+                       {"ws_ptr": "fp32", "dw_ptr": dt, "off_ptr": "i32"}, num_warps=4)
     print(json.dumps(ptxas_usage(c.asm["ptx"], 90)))
 """
 
