@@ -35,6 +35,14 @@ def random_case(T, D, E, G, K, dtype=torch.float32, device="cpu", seed=0, n_unus
     return case
 
 
+def uneven_experts(T, E, K, generator, device="cpu") -> torch.Tensor:
+    """[T, K] distinct experts, expert e drawn with weight (e + 1)^-0.7: routing as uneven
+    as a model's at init (K = 4 of E = 32: the busiest expert gets ~4x the mean rows; the
+    WT-B layers' busiest get 3.5-5.5x)."""
+    weight = (torch.arange(E, device=device) + 1.0) ** -0.7
+    return torch.multinomial(weight.expand(T, E), K, generator=generator)
+
+
 def run_case(case, backend, hidden_dropout=0.0, training=False, dtype=None, n_chunks=None):
     """-> (y, (dx, dgate, dw1, dw2)) of `moe_mlp` on `case` (cast to `dtype` if given)."""
     from kernels import moe_mlp  # late: kernels/__init__ imports this module's siblings

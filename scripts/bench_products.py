@@ -62,7 +62,7 @@ import triton.language as tl
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kernels import triton_launch as L  # noqa: E402
-from kernels.testing import TOLERANCE, rel_err  # noqa: E402
+from kernels.testing import TOLERANCE, rel_err, uneven_experts  # noqa: E402
 from kernels.triton_launch import EPI_RELU  # noqa: E402
 from kernels.triton_tuning import _INTERPRET_BLOCKS, _dot_args, cdiv  # noqa: E402
 from scripts.bench_common import (  # noqa: E402
@@ -256,10 +256,7 @@ def products(args, device) -> tuple[dict[str, dict], list[int]]:
                                                                 True, False)
         out["wgrad dW2"][name] = lambda rc=rc, g=gh_c: wgrad(g, dy, rc.tok_R, rc.off_S, E,
                                                               False, True)
-    # uneven routing: expert e drawn with weight (e + 1)^-0.7 (K = 4 of E = 32: the busiest
-    # gets ~4x the mean, as a WT-B layer's at init gets 3.5-5x)
-    weight = (torch.arange(E, device=device) + 1.0) ** -0.7
-    rs = make_routing(torch.multinomial(weight.expand(T, E), K, generator=gen), E)
+    rs = make_routing(uneven_experts(T, E, K, gen, device), E)
     gpre_s, gh_s = gpre_F[rs.order_R], gh_F[rs.order_R]
     out["wgrad dW1 skewed"] = {
         LAYER: lambda: wgrad(x, gpre_s, rs.tok_R, rs.off_S, E, True, False),

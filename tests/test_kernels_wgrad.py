@@ -17,6 +17,7 @@ from kernels.testing import (
     reference_case,
     rel_err,
     run_case,
+    uneven_experts,
 )
 from tests.triton_helpers import (
     DEVICE,
@@ -106,13 +107,12 @@ def test_wgrad_reduce_kernel_compiles_for_hopper():
 
 @pytest.mark.gpu
 def test_gpu_wgrad_chunks_at_the_target_case_on_skewed_routing():
-    """bf16, T = 32768, E = 32, K = 4, the busiest expert ~4x the mean (bench_products'
-    skewed routing): the default chunks against one chunk an expert (a change of summation
+    """bf16, T = 32768, E = 32, K = 4, the busiest expert ~4x the mean (`uneven_experts`,
+    as bench_products' skewed products): the default chunks against one chunk an expert (a change of summation
     order only), and the same bits twice."""
     T, E, K, D, G = 32768, 32, 4, 1024, 128
     gen = torch.Generator("cuda").manual_seed(0)
-    weight = (torch.arange(E, device="cuda") + 1.0) ** -0.7
-    routing = make_routing(torch.multinomial(weight.expand(T, E), K, generator=gen), E)
+    routing = make_routing(uneven_experts(T, E, K, gen, "cuda"), E)
     x = torch.randn(T, D, device="cuda", dtype=torch.bfloat16, generator=gen)
     g = torch.randn(T * K, G, device="cuda", dtype=torch.bfloat16, generator=gen)
     args = (x, g, routing.tok_R, routing.off_S, E, True, False)
