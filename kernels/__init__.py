@@ -235,8 +235,7 @@ def _moe_step(tokens, d_model, n_experts, expert_size, k, hidden_dropout, backen
 
 __all__ = [
     "BACKENDS", "HAS_TRITON", "Routing", "backend_problem", "check_inputs", "key_value",
-    "make_routing",
-    "moe_mlp", "moe_mlp_reference", "precompile_moe", "relshift_available", "relshift_bias",
-    "relshift_bias_grad", "resolve_backend", "selection_backend",
+    "make_routing", "moe_mlp", "moe_mlp_reference", "precompile_moe", "relshift_available",
+    "relshift_bias", "relshift_bias_grad", "resolve_backend", "selection_backend",
     "selector_logits", "topk",
 ]
