@@ -108,8 +108,8 @@ def test_wgrad_reduce_kernel_compiles_for_hopper():
 @pytest.mark.gpu
 def test_gpu_wgrad_chunks_at_the_target_case_on_skewed_routing():
     """bf16, T = 32768, E = 32, K = 4, the busiest expert ~4x the mean (`uneven_experts`,
-    as bench_products' skewed products): the default chunks against one chunk an expert (a change of summation
-    order only), and the same bits twice."""
+    as bench_products' skewed products): the default chunks against one chunk an expert (a
+    change of summation order only), and the same bits twice."""
     T, E, K, D, G = 32768, 32, 4, 1024, 128
     gen = torch.Generator("cuda").manual_seed(0)
     routing = make_routing(uneven_experts(T, E, K, gen, "cuda"), E)
