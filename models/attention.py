@@ -57,13 +57,17 @@ def head_pad(C: int) -> int:
     return -C % 8
 
 
+def zero_pad(t: torch.Tensor, n: int, dim: int = -1) -> torch.Tensor:
+    """t with n zeros appended along dim; t itself when n == 0 (F.pad would copy)."""
+    if not n:
+        return t
+    return F.pad(t, [0, 0] * (t.dim() - 1 - dim % t.dim()) + [0, n])
+
+
 def padded_heads(w_ND: torch.Tensor, n_heads: int, C: int) -> torch.Tensor:
     """A projection's weight [n * H * C, D] (n groups of H heads of C rows) with zero rows
     that take each head to C + head_pad(C): its products come out with padded heads."""
-    pad = head_pad(C)
-    if not pad:  # (F.pad would copy)
-        return w_ND
-    return F.pad(w_ND.view(-1, n_heads, C, w_ND.shape[-1]), (0, 0, 0, pad)).flatten(0, 2)
+    return zero_pad(w_ND.view(-1, n_heads, C, w_ND.shape[-1]), head_pad(C), dim=2).flatten(0, 2)
 
 
 def shifted_view(bd_HBTP: torch.Tensor, L: int) -> torch.Tensor:
@@ -160,12 +164,12 @@ class RelativeAttention(nn.Module):
         # u, v and the scale in the activations' dtype: under autocast, fp32 parameters would
         # promote q (+u) and, through it, the [B, H, T, L] bias to fp32, which SDPA's autocast
         # then casts back: two full copies of the largest tensor of the layer, each way
-        u_HC, v_HC = (F.pad(p.to(q_BTHC.dtype), (0, C8 - C)) for p in (self.u_HC, self.v_HC))
+        u_HC, v_HC = (zero_pad(p.to(q_BTHC.dtype), C8 - C) for p in (self.u_HC, self.v_HC))
         scale = self.scale.to(q_BTHC.dtype)
         # the positional scores over L offsets plus spare zero columns (bd_width), for the
         # strided shift; the scale goes on the [B, T, H, C] operand, not the [B, H, T, L] one
         P = bd_width(L)
-        r_HCP = F.pad(r_HLC, (0, 0, 0, P - L)).transpose(1, 2)
+        r_HCP = zero_pad(r_HLC, P - L, dim=1).transpose(1, 2)
         qv_HNC = ((q_BTHC + v_HC) * scale).permute(2, 0, 1, 3).reshape(H, B * T, C8)
         bd_HBTP = torch.bmm(qv_HNC, r_HCP).view(H, B, T, P)
         # shifted to key positions; key j is visible to query i iff j <= M + i (all memory

@@ -106,6 +106,17 @@ def test_bd_rows_are_16_byte_aligned():
     assert [bd_width(L) for L in (1, 7, 8, 1024, 1025)] == [8, 8, 16, 1032, 1032]
 
 
+def test_zero_pad_appends_zeros_and_copies_nothing_when_there_is_nothing_to_pad():
+    from models.attention import zero_pad
+
+    t = torch.randn(2, 3, 4)
+    assert zero_pad(t, 0, dim=1) is t and zero_pad(t, 0) is t  # F.pad would copy
+    padded = zero_pad(t, 2, dim=1)
+    assert padded.shape == (2, 5, 4) and torch.equal(padded[:, :3], t)
+    assert not padded[:, 3:].any()
+    assert torch.equal(zero_pad(t, 1, dim=-1)[..., :4], t) and zero_pad(t, 1).shape == (2, 3, 5)
+
+
 @pytest.mark.parametrize("T, M, P", [(3, 2, 6), (4, 0, 5), (1, 3, 5), (3, 2, 8)])
 def test_position_bias_gradient(T, M, P):
     """The bias's backward (the gradient laid back into the unshifted [H, B, T, P]
