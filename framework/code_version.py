@@ -13,7 +13,7 @@ it, and a table of both mixes two versions silently. So a run records the code t
 
 Checkpoints keep every fingerprint that trained a run (a resume with other code adds one);
 results.json records them (tasks/lm_run.py) and the tables list the runs that another
-version of the code trained (scripts/run_results.py `code_versions`).
+version of the code trained (scripts/run_versions.py `code_versions`).
 """
 from __future__ import annotations
 

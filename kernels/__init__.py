@@ -43,11 +43,11 @@ try:  # Triton is optional: without it (or without a GPU) everything but "triton
     from kernels.triton_topk import topk_ids
     from kernels.triton_tuning import interpreter_problem
 
-    HAS_TRITON, _TRITON_ERROR = True, ""
+    HAS_TRITON, TRITON_ERROR = True, ""
 except ImportError as err:  # pragma: no cover - depends on the install
     triton_ops, TRITON_INTERPRET, interpreter_problem, topk_ids = None, False, None, None
     relshift_bias = relshift_bias_grad = None
-    HAS_TRITON, _TRITON_ERROR = False, str(err)
+    HAS_TRITON, TRITON_ERROR = False, str(err)
 
 BACKENDS = ("auto", "triton", "triton_unfused", "grouped_mm", "torch", "reference")
 _TRITON_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -58,7 +58,7 @@ def backend_problem(backend: str, x_TD: torch.Tensor, w1_EDG: torch.Tensor,
     """Why `backend` cannot run on these inputs (None: it can). `dropout`: active in training."""
     if backend in ("triton", "triton_unfused"):
         if not HAS_TRITON:
-            return f"Triton is not importable ({_TRITON_ERROR})"
+            return f"Triton is not importable ({TRITON_ERROR})"
         if not (x_TD.is_cuda or TRITON_INTERPRET):
             return ("it needs CUDA tensors, or TRITON_INTERPRET=1 set before `kernels` is "
                     "imported (CPU tests)")
@@ -234,8 +234,8 @@ def _moe_step(tokens, d_model, n_experts, expert_size, k, hidden_dropout, backen
 
 
 __all__ = [
-    "BACKENDS", "HAS_TRITON", "Routing", "backend_problem", "check_inputs", "key_value",
-    "make_routing", "moe_mlp", "moe_mlp_reference", "precompile_moe", "relshift_available",
-    "relshift_bias", "relshift_bias_grad", "resolve_backend", "selection_backend",
-    "selector_logits", "topk",
+    "BACKENDS", "HAS_TRITON", "TRITON_ERROR", "Routing", "backend_problem", "check_inputs",
+    "key_value", "make_routing", "moe_mlp", "moe_mlp_reference", "precompile_moe",
+    "relshift_available", "relshift_bias", "relshift_bias_grad", "resolve_backend",
+    "selection_backend", "selector_logits", "topk",
 ]

@@ -9,8 +9,8 @@ Unfused (the paper's CVMM as a standalone op; ReLU, dropout and gate in PyTorch 
 Fused sigma-MoE expert path (dropout cannot be fused: the dispatcher uses the unfused one):
     sigma_moe::fused_fwd     h_RG = relu(x[tok] W1);  y_TD = sum_k gate * h W2   (2 kernels)
     sigma_moe::fused_bwd     d(gate*h) -> d pre-ReLU, d gate and gate*h in one epilogue,
-                             dW2, dW1, dx (slot-ordered scatter): 4 kernels + K-1 slot
-                             launches
+                             dW2, dW1 (each a wgrad and its chunk reduction), dx (a
+                             slot-ordered scatter): 5 kernels + K*C slot launches
   Saved for the backward: x, gate, h_RG (R x G) and the routing -- never the T*K*D output.
   Every slot-ordered scatter is K launches of one kernel, one per slot in slot order
   (kernels/triton_launch.scatter_mm).

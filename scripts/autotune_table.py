@@ -29,6 +29,10 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+if __name__ == "__main__":
+    from scripts.bench_common import exit_without_triton
+
+    exit_without_triton("autotune_table.py")
 
 from kernels.triton_launch import TUNED  # noqa: E402
 from scripts.bench_common import write_json  # noqa: E402

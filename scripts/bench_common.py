@@ -161,6 +161,16 @@ def case_record(device_name: str, args) -> dict:
             "dtype": args.dtype, "case": {k: getattr(args, k) for k in CASE_KEYS}}
 
 
+def exit_without_triton(script: str) -> None:
+    """For a script of Triton kernels, called before it imports Triton: one line and exit 1
+    where Triton does not import (macOS, Windows, an install without it)."""
+    import kernels
+
+    if not kernels.HAS_TRITON:
+        sys.exit(f"error: {script} needs Triton, which does not import here "
+                 f"({kernels.TRITON_ERROR}): run it on Linux, after `pip install triton`")
+
+
 def triton_device(script: str) -> tuple[str, str]:
     """(device, its name) for a script that times Triton kernels: a CUDA device, or the CPU
     under the Triton interpreter (a smoke test); a one-line error anywhere else."""
@@ -189,9 +199,8 @@ def check_k(parser, k: int, n_experts: int) -> None:
 
 
 def out_path(name: str, changed: list[str]) -> Path:
-    """benchmarks/NAME for a run with the device's defaults, which the committed results come
-    from; runs/bench/NAME (git-ignored) for any other, so that a quick run cannot overwrite
-    them."""
+    """benchmarks/NAME for a run with the device's defaults; runs/bench/NAME (git-ignored)
+    for any other, so that a quick run cannot overwrite the committed results."""
     if not changed:
         return ROOT / "benchmarks" / name
     path = ROOT / "runs" / "bench" / name

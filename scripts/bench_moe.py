@@ -8,9 +8,10 @@ path, the per-expert loop).
 Medians of repeated runs after warm-up, ratios to the dense MLP of the same run, FLOP and
 byte counts with the roofline time, a table on stdout, JSON under benchmarks/ and, when
 matplotlib is installed, the figures of scripts/plot_bench.py in the folder of the JSON's
-name (benchmarks/moe_<device>/). Only the run with the device's defaults writes there (the
-committed results come from it); any other run writes under runs/bench/ (git-ignored)
-unless `--out` says where.
+name (benchmarks/moe_<device>/). Only the run with the device's defaults writes there; any
+other run writes under runs/bench/ (git-ignored) unless `--out` says where
+(scripts/gpu_check.sh does: benchmarks/gpu_h200.md names the command behind each committed
+GPU file).
 
     python scripts/bench_moe.py                 # GPU: all sweeps of the paper, bf16
     python scripts/bench_moe.py --device cpu    # small CPU sweeps + the CPU target case

@@ -56,10 +56,15 @@ import sys
 from pathlib import Path
 
 import torch
-import triton
-import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+if __name__ == "__main__":
+    from scripts.bench_common import exit_without_triton
+
+    exit_without_triton("bench_products.py")
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
 
 from kernels import triton_launch as L  # noqa: E402
 from kernels.testing import TOLERANCE, rel_err, uneven_experts  # noqa: E402

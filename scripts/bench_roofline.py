@@ -4,9 +4,14 @@ are divided by (a table of datasheet figures by device name, else measured). tor
 """
 from __future__ import annotations
 
+import sys
+
 import torch
 
-from scripts.bench_common import time_all
+if __name__ == "__main__":  # a library without a CLI (and `scripts.` would not import)
+    sys.exit("error: scripts/bench_roofline.py is a library; the roofline is printed by "
+             "`python scripts/bench_moe.py`")
+from scripts.bench_common import time_all  # noqa: E402
 
 # dense peak FLOP/s (16-bit tensor cores / plain fp32) and memory bandwidth, by device name
 PEAKS = [  # (name fragment, bf16 FLOP/s, fp32 FLOP/s, bytes/s); first match wins

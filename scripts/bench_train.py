@@ -10,8 +10,9 @@ at the paper's batch (halved until a step fits the GPU; `--batch` sets it), alte
 two models step by step; prints the median ms/step, tokens/s, peak memory
 and the median (and quartiles) of the per-round MoE/dense ratios, as
 scripts/bench_moe.py does, and writes JSON to
-benchmarks/train_<device>.json: the run with the device's defaults only (the committed
-results come from it); any other run writes under runs/bench/ unless `--out` says where.
+benchmarks/train_<device>.json: the run with the device's defaults only; any other run
+writes under runs/bench/ unless `--out` says where (scripts/gpu_check.sh does:
+benchmarks/gpu_h200.md names the command behind each committed GPU file).
 """
 from __future__ import annotations
 

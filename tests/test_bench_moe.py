@@ -1,6 +1,9 @@
 """scripts/bench_moe.py: cost model, paired ratios, and one small case end to end on CPU."""
 import argparse
 import re
+import runpy
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -253,6 +256,7 @@ def test_profile_moe_says_it_needs_a_gpu(monkeypatch):
 def test_bench_products_says_it_needs_a_gpu_or_the_interpreter(monkeypatch):
     """Without CUDA bench_products runs only under the Triton interpreter (a smoke test on
     tiny shapes); elsewhere one line says so, before any input is built."""
+    pytest.importorskip("triton")
     import kernels
     from scripts import bench_products
 
@@ -261,6 +265,23 @@ def test_bench_products_says_it_needs_a_gpu_or_the_interpreter(monkeypatch):
     with pytest.raises(SystemExit, match="error: bench_products.py times Triton kernels: it "
                                          "needs a CUDA device .or TRITON_INTERPRET=1"):
         bench_products.main([])
+
+
+@pytest.mark.parametrize("script", ["bench_products", "bench_relshift", "autotune_table"])
+def test_a_triton_script_without_triton_says_so_in_one_line(script, monkeypatch):
+    """Where Triton does not import (macOS, Windows), the scripts of Triton kernels exit
+    with one line naming the cause, before their own imports would fail."""
+    import kernels
+
+    monkeypatch.setattr(kernels, "HAS_TRITON", False)
+    monkeypatch.setattr(kernels, "TRITON_ERROR", "No module named 'triton'")
+    monkeypatch.setattr(sys, "argv", [f"{script}.py"])
+    with pytest.raises(SystemExit) as e:
+        runpy.run_path(str(Path(__file__).resolve().parents[1] / "scripts" / f"{script}.py"),
+                       run_name="__main__")
+    assert e.value.code == (f"error: {script}.py needs Triton, which does not import here "
+                            "(No module named 'triton'): run it on Linux, after "
+                            "`pip install triton`")
 
 
 def test_benchmarks_precompile_on_cuda(monkeypatch, capsys):

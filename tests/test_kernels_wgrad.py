@@ -7,9 +7,10 @@ import json
 import pytest
 import torch
 
-from kernels import triton_launch
-from kernels.routing import make_routing
-from kernels.testing import (
+pytest.importorskip("triton")
+from kernels import triton_launch  # noqa: E402
+from kernels.routing import make_routing  # noqa: E402
+from kernels.testing import (  # noqa: E402
     TOLERANCE,
     assert_close,
     compare,
@@ -19,7 +20,7 @@ from kernels.testing import (
     run_case,
     uneven_experts,
 )
-from tests.triton_helpers import (
+from tests.triton_helpers import (  # noqa: E402
     DEVICE,
     TRITON_MARKS,
     need_hopper_toolchain,

@@ -31,7 +31,7 @@ class ExpertsConfig:
     k: int  # experts per token
     hidden_dropout: float = 0.0  # ordinary dropout on expert hidden units ("standard dropout")
     init: Literal["sigma_moe", "standard"] = "sigma_moe"  # W2 std from N_E*G, or from G
-    backend: str = "auto"  # kernels.moe_mlp backend: auto | triton | grouped_mm | torch | reference
+    backend: str = "auto"  # kernels.moe_mlp: auto|triton|triton_unfused|grouped_mm|torch|reference
     n_chunks: int | None = None  # kernels.moe_mlp's token chunks; None: the backend's choice
     d_ff: int = 0  # total expert width N_E * G; 0 = derived, else checked against N_E * G
 
