@@ -102,6 +102,11 @@ def list_checkpoints(run_dir: Path) -> list[Path]:
     return sorted(p for p in run_dir.iterdir() if CKPT_RE.match(p.name))
 
 
+def list_broken(run_dir: Path) -> list[Path]:
+    """Checkpoints that failed to load, moved aside by `load_latest(repair=True)`."""
+    return sorted(run_dir.glob("checkpoint_*.pt.bad")) if run_dir.is_dir() else []
+
+
 class CheckpointError(RuntimeError):
     pass
 

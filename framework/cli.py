@@ -22,7 +22,15 @@ from framework.config import (
     first_line,
     is_environment_error,
 )
-from framework.experiment import fresh_dir, read_results, run_hashes, unfinished_fresh_run
+from framework.experiment import (
+    fresh_dir,
+    read_results,
+    remove_if_empty,
+    run_hashes,
+    start_blocker,
+    trained_sibling,
+    unfinished_fresh_run,
+)
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 DEFAULT_EXP = "mini_moe"
@@ -306,8 +314,18 @@ def check_overrides(overrides: list[str]) -> None:
 
 def prepare_run_dir(cfg: dict[str, Any], run_dir: Path) -> Path | None:
     """The run directory for this config (Hydra's `run_dir`, or a fresh=true sibling), or
-    None if this exact run already finished."""
-    if cfg.get("mode", "train") != "train":
+    None if this exact run already finished. mode=eval with evaluation settings among the
+    overrides (task.final_segments=2, ...): the trained run's directory
+    (experiment.trained_sibling)."""
+    mode = cfg.get("mode", "train")
+    if mode == "eval" and not list_checkpoints(run_dir):
+        trained = trained_sibling(run_dir, cfg)
+        if trained is not None:
+            print(f"mode=eval: evaluating the run in {trained} (evaluation settings do not "
+                  f"name a run)")
+            remove_if_empty(run_dir, removable_up_to())  # the one Hydra made for this name
+            return trained
+    if mode != "train":
         return run_dir
     return choose_run_dir(cfg, run_dir)
 
@@ -336,7 +354,9 @@ def choose_run_dir(cfg: dict[str, Any], run_dir: Path) -> Path | None:
 
 def _choose_run_dir(cfg: dict[str, Any], run_dir: Path) -> Path | None:
     done = read_results(run_dir)
-    if cfg.get("fresh") and (done is not None or list_checkpoints(run_dir)):
+    started = done is not None or list_checkpoints(run_dir)
+    blocker = None if started else start_blocker(run_dir, cfg)
+    if cfg.get("fresh") and (started or blocker):
         if (again := unfinished_fresh_run(run_dir, cfg)) is not None:
             print(f"fresh=true: {run_dir} is kept; resuming the unfinished run that an "
                   f"earlier fresh=true started in {again}")
@@ -356,9 +376,10 @@ def _choose_run_dir(cfg: dict[str, Any], run_dir: Path) -> Path | None:
             print(f"this run already finished{numbers}; results in "
                   f"{run_dir / 'results.json'} (fresh=true starts a new run)")
             return None
-        raise ConfigError(f"{run_dir} holds a finished run with another config; pass "
-                          f"fresh=true (a new sibling directory) or choose another directory "
-                          f"(hydra.run.dir; in a sweep, hydra.sweep.dir)")
+        blocker = f"{run_dir} holds a finished run with another config"
+    if blocker:
+        raise ConfigError(f"{blocker}; pass fresh=true (a new sibling directory) or choose "
+                          f"another directory (hydra.run.dir; in a sweep, hydra.sweep.dir)")
     return run_dir
 
 

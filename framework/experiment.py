@@ -15,7 +15,9 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from framework.checkpoint import atomic_write_bytes
+import yaml
+
+from framework.checkpoint import atomic_write_bytes, list_broken, list_checkpoints
 from framework.config import ConfigError
 
 # Keys that do not change what is computed, so they do not change the run's identity
@@ -46,8 +48,14 @@ def run_hashes(cfg: dict[str, Any]) -> tuple[str, ...]:
 
 # What an evaluation of a trained run may set differently: how it evaluates, not what was
 # trained (mode=eval checks the rest against the run's config.yaml)
-EVAL_FREE = (*VOLATILE, "name", "trainer", "ffn.backend", "task.eval_mem_segments",
-             "task.eval_batch_size", "task.val_segments", "task.final_segments")
+EVAL_SETTINGS = ("ffn.backend", "task.eval_mem_segments", "task.eval_batch_size",
+                 "task.val_segments", "task.final_segments")
+EVAL_FREE = (*VOLATILE, "name", "trainer", *EVAL_SETTINGS)
+
+
+def under(key: str, prefixes: tuple[str, ...]) -> bool:
+    """Whether a dotted key is one of `prefixes` or inside one of them."""
+    return any(key == p or key.startswith(p + ".") for p in prefixes)
 
 
 def _flat(node: Any, key: str = "") -> dict[str, Any]:
@@ -58,6 +66,14 @@ def _flat(node: Any, key: str = "") -> dict[str, Any]:
             for k, v in _flat(child, f"{key}.{name}" if key else str(name)).items()}
 
 
+def _differences(saved: dict[str, Any], cfg: dict[str, Any], free: tuple[str, ...]
+                 ) -> list[str]:
+    """The keys outside `free` whose values differ between two configs, sorted."""
+    saved, now = _flat(saved), _flat(cfg)
+    return sorted(k for k in saved.keys() | now.keys()
+                  if not under(k, free) and saved.get(k, "<unset>") != now.get(k, "<unset>"))
+
+
 def check_trained_as(run_dir: Path, cfg: dict[str, Any]) -> None:
     """mode=eval: the config must describe the model the run trained (its config.yaml), up
     to the EVAL_FREE keys; an evaluation of another model would be filed under this run."""
@@ -66,17 +82,15 @@ def check_trained_as(run_dir: Path, cfg: dict[str, Any]) -> None:
     path = run_dir / "config.yaml"
     if not path.exists():
         return
-    saved, now = _flat(OmegaConf.to_container(OmegaConf.load(path))), _flat(cfg)
-    free = lambda k: any(k == f or k.startswith(f + ".") for f in EVAL_FREE)  # noqa: E731
-    diff = sorted(k for k in saved.keys() | now.keys()
-                  if not free(k) and saved.get(k, "<unset>") != now.get(k, "<unset>"))
+    saved = OmegaConf.to_container(OmegaConf.load(path))
+    diff = _differences(saved, cfg, EVAL_FREE)
     if diff:
         k = diff[0]
         more = f" (and {len(diff) - 1} more keys)" if len(diff) > 1 else ""
+        saved_v, now_v = _flat(saved).get(k, "<unset>"), _flat(cfg).get(k, "<unset>")
         raise ConfigError(
-            f"mode=eval: {run_dir} was trained with {k}={saved.get(k, '<unset>')}, not "
-            f"{now.get(k, '<unset>')}{more}; evaluate it with the experiment and overrides "
-            f"it was trained with")
+            f"mode=eval: {run_dir} was trained with {k}={saved_v}, not {now_v}{more}; "
+            f"evaluate it with the experiment and overrides it was trained with")
 
 
 def check_writable(run_dir: Path, min_free_mb: int = 100) -> None:
@@ -105,6 +119,27 @@ def read_results(run_dir: Path) -> dict[str, Any] | None:
         return None
 
 
+def trained_sibling(run_dir: Path, cfg: dict[str, Any]) -> Path | None:
+    """mode=eval where run_dir has no checkpoint: the one directory beside it whose run
+    trained this very config, up to the evaluation settings (EVAL_SETTINGS) and the keys
+    that never name a run. Evaluation settings on the command line name Hydra's directory
+    too (task.final_segments=2 -> another name); None where no or several runs match."""
+    from omegaconf import OmegaConf
+
+    free = (*VOLATILE, *(f"trainer.{k}" for k in VOLATILE_TRAINER), *EVAL_SETTINGS)
+    found = []
+    for d in sorted(run_dir.parent.iterdir()) if run_dir.parent.is_dir() else []:
+        if d == run_dir or not (d / "config.yaml").is_file() or not list_checkpoints(d):
+            continue
+        try:
+            saved = OmegaConf.to_container(OmegaConf.load(d / "config.yaml"))
+        except (OSError, ValueError, yaml.YAMLError):
+            continue
+        if isinstance(saved, dict) and not _differences(saved, cfg, free):
+            found.append(d)
+    return found[0] if len(found) == 1 else None
+
+
 def write_results(run_dir: Path, results: dict[str, Any], name: str = "results.json") -> Path:
     path = run_dir / name
     atomic_write_bytes(path, (json.dumps(results, indent=2) + "\n").encode())
@@ -125,20 +160,45 @@ def fresh_dir(run_dir: Path) -> Path:
     return run_dir.with_name(f"{run_dir.name}-{_newest_fresh_sibling(run_dir)[0] + 1}")
 
 
+def saved_config_matches(run_dir: Path, cfg: dict[str, Any]) -> bool | None:
+    """Whether the config a training run started with in run_dir (its config.yaml) is
+    `cfg`; None where there is no config.yaml, False where it cannot be read."""
+    from omegaconf import OmegaConf
+
+    path = run_dir / "config.yaml"
+    if not path.is_file():
+        return None
+    try:
+        saved = OmegaConf.to_container(OmegaConf.load(path))
+        return config_hash(saved) in run_hashes(cfg)
+    except (OSError, ValueError, AttributeError, yaml.YAMLError):  # not a config of ours
+        return False
+
+
 def unfinished_fresh_run(run_dir: Path, cfg: dict[str, Any]) -> Path | None:
     """The newest fresh=true sibling when it has not finished and trains this config (its
     config.yaml): rerunning an interrupted or requeued fresh=true command resumes it
     instead of starting yet another run."""
-    from omegaconf import OmegaConf
-
     newest = _newest_fresh_sibling(run_dir)[1]
     if newest is None or (newest / "results.json").exists():
         return None
-    try:
-        saved = OmegaConf.to_container(OmegaConf.load(newest / "config.yaml"))
-    except (OSError, ValueError):  # no config.yaml (yet), or an unreadable one
-        return None
-    return newest if config_hash(saved) in run_hashes(cfg) else None
+    return newest if saved_config_matches(newest, cfg) else None
+
+
+def start_blocker(run_dir: Path, cfg: dict[str, Any]) -> str | None:
+    """Why a training run of `cfg` may not start from step 0 in run_dir, which holds no
+    checkpoint and no results; None where it may (nothing there, or an earlier start of
+    this same config that stopped before its first checkpoint, which it replaces)."""
+    if broken := list_broken(run_dir):
+        return (f"{run_dir}: its checkpoints do not load ({', '.join(p.name for p in broken)}; "
+                f"see the warnings of the run that found them); to resume, repair one and "
+                f"rename it back to *.pt")
+    same = saved_config_matches(run_dir, cfg)
+    if same is False:
+        return f"{run_dir} holds the start of a run with another config (its config.yaml)"
+    if same is None and (run_dir / "metrics.jsonl").exists():
+        return f"{run_dir} holds the metrics.jsonl of another run (and no config.yaml)"
+    return None
 
 
 def remove_if_empty(run_dir: Path, up_to: Path | None = None) -> None:

@@ -87,6 +87,10 @@ class TrainerConfig:
         if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
             raise ConfigError(f"trainer.betas must be two numbers in [0, 1), got "
                               f"{list(self.betas)}")
+        unknown = [n for n in self.preempt_signals if n not in signal.Signals.__members__]
+        if unknown:  # else a traceback once the data loaded and config.yaml was written
+            raise ConfigError(f"trainer.preempt_signals: no signal {unknown[0]} here (known: "
+                              f"e.g. SIGUSR1, SIGUSR2, SIGTERM)")
 
 
 class TrainingDiverged(RuntimeError):
@@ -205,6 +209,7 @@ class Trainer:
         self.scaler = torch.amp.GradScaler(device.type, enabled=self.amp_dtype == torch.float16)
         self.step = 0
         self.skipped_in_row = 0  # nan_policy=skip: consecutive skipped steps
+        self.saved_step = -1  # the step of the newest checkpoint written or resumed from
         self.train_seconds = 0.0  # wall time of fit() up to self.step, over every resume
         # every code version (framework/code_version.py) that trained up to self.step
         self.code_fingerprints = [code_fingerprint()]
@@ -251,6 +256,7 @@ class Trainer:
         error = broadcast_from_main(error)  # also the barrier: written before anyone goes on
         if error is not None:
             raise CheckpointError(error)
+        self.saved_step = self.step
 
     def resume(self) -> bool:
         # rank 0 picks the checkpoint (and moves broken ones aside); the others load that one
@@ -258,10 +264,15 @@ class Trainer:
         if self.is_main:
             found = len(list_checkpoints(self.run_dir))
             state = load_latest(self.run_dir, warn=note, repair=True)
-            if state is None and found:
-                note(f"warning: none of the {found} checkpoints in {self.run_dir} loads "
-                     f"(kept as *.pt.bad): training starts over from step 0")
-        step = broadcast_from_main(None if state is None else int(state["step"]))
+            if state is None and found:  # not a silent start over: the user decides
+                state = (f"none of the {found} checkpoints in {self.run_dir} loads (moved "
+                         f"aside as *.pt.bad); to resume, repair one and rename it back to "
+                         f"*.pt; to start over, pass fresh=true (a new sibling directory)")
+        said = broadcast_from_main(state if isinstance(state, str) else
+                                   None if state is None else int(state["step"]))
+        if isinstance(said, str):
+            raise CheckpointError(said)
+        step = said
         if step is None:
             return False
         if state is None:
@@ -272,6 +283,7 @@ class Trainer:
                 f"{state['config_hash']} != {self.config_hash}); pass fresh=true to start a new "
                 f"run beside it, or hydra.run.dir=<new dir>")
         self.load_state_dict(state)
+        self.saved_step = self.step
         return True
 
     # -- loop ----------------------------------------------------------------------------
@@ -328,9 +340,12 @@ class Trainer:
                f"{', '.join(f'{k}={v:.4g}' for k, v in totals.items())}, "
                f"grad_norm={grad_norm:.4g}{where}")
         if self.cfg.nan_policy == "stop":
-            raise TrainingDiverged(msg + ". The last good checkpoint is kept: rerun with "
-                                   "trainer.nan_policy=skip to resume from it skipping such "
-                                   "steps, or lower trainer.lr (a new run)")
+            raise TrainingDiverged(msg + (
+                ". The last good checkpoint is kept: rerun with trainer.nan_policy=skip to "
+                "resume from it skipping such steps, or lower trainer.lr (a new run)"
+                if list_checkpoints(self.run_dir) else
+                ". No checkpoint was written yet: lower trainer.lr, or rerun with "
+                "trainer.nan_policy=skip to skip such steps"))
         self.skipped_in_row += 1
         if self.skipped_in_row >= MAX_SKIPPED_IN_ROW:  # the weights themselves are bad
             raise TrainingDiverged(
@@ -410,6 +425,9 @@ class Trainer:
         cfg = self.cfg
         if self.resume():
             self._continue_code()
+        else:  # from step 0: rows of an earlier start of this run (stopped before its first
+            # checkpoint; a directory of another run's is refused, framework/cli.py) go
+            self.logger.truncate(0)
         self._precompile()
         self.model.train()
         t0, tokens = time.perf_counter(), 0
@@ -448,7 +466,12 @@ class Trainer:
                 now = time.perf_counter()
                 self.train_seconds, clock = self.train_seconds + now - clock, now
                 preempted = self._preempted()
-                if self.step % cfg.ckpt_every == 0 or self.step == cfg.steps or preempted:
+                # while steps are skipped (nan_policy=skip) the weights stay those of the
+                # last applied step: saved once, not again and again, which would prune
+                # the checkpoints from before the trouble
+                periodic = (self.step % cfg.ckpt_every == 0
+                            and self.saved_step < self.step - self.skipped_in_row)
+                if periodic or self.step == cfg.steps or preempted:
                     self.checkpoint()
                     t0, tokens = time.perf_counter(), 0
                 if preempted:

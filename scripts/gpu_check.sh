@@ -35,6 +35,15 @@
 # only; TESTS_WORKERS=1 runs them in one process.
 set -uo pipefail
 SECONDS=0  # bash would take an exported SECONDS as its start
+case ${1:-} in
+  -h|--help) sed -n '2,/^set -uo/{/^set -uo/d;s/^# \{0,1\}//;p}' "$0"; exit 0 ;;
+  -*) echo "error: unknown option $1 (the only argument is the output folder; see --help)"
+      exit 2 ;;
+esac
+if (($# > 1)); then
+  echo "error: one argument, the output folder (got $#; options go in variables: see --help)"
+  exit 2
+fi
 cd "$(dirname "$0")/.." || exit
 out=${1:-${OUT:-runs/gpu_check}}
 steps=${STEPS:-env moe profile products tests relshift train ncu sweep}

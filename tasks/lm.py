@@ -44,6 +44,10 @@ class LMTaskConfig:
     def __post_init__(self) -> None:
         if self.batch_size < 1 or self.context < 1 or self.eval_batch_size < 1:
             raise ConfigError("task.batch_size, task.context and task.eval_batch_size must be >= 1")
+        for key in ("train_mem_segments", "eval_mem_segments", "val_segments",
+                    "final_segments"):
+            if getattr(self, key) < 0:
+                raise ConfigError(f"task.{key} must be >= 0, got {getattr(self, key)}")
 
 
 @dataclass(frozen=True)

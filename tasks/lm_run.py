@@ -86,7 +86,8 @@ def run(cfg: dict[str, Any], run_dir: Path) -> dict[str, Any] | None:
     mode = cfg.get("mode", "train")
     if mode not in ("train", "eval", "params"):
         raise ConfigError(f"mode={mode!r} is not one of train, eval, params")
-    if mode == "params":
+    if mode == "params":  # a dry run of a sweep: what training would refuse, refused here
+        check_batch_split(task_cfg.batch_size, 1, trainer_cfg.grad_accum)
         return print_params(cfg, run_dir)
     if mode == "eval":  # before the data loads and the logger starts: it only reads
         check_trained_as(run_dir, cfg)
@@ -180,7 +181,10 @@ def run(cfg: dict[str, Any], run_dir: Path) -> dict[str, Any] | None:
             word = f" (word-level {r['word_ppl']:.2f})" if "word_ppl" in r else ""
             return f"{split} {data.metric} {r[data.metric]:.4f}{word}"
 
-        print(f"final {shown('valid')} | {shown('test')} | results: {out}")
+        # an eval names the step it evaluated: the newest checkpoint's, unless that one did
+        # not load (the warnings above say which did)
+        what = "final" if mode == "train" else f"eval of the step-{trainer.step} checkpoint:"
+        print(f"{what} {shown('valid')} | {shown('test')} | results: {out}")
         return results
     finally:
         logger.close()

@@ -103,6 +103,10 @@ def test_dropout_outside_0_1_is_refused(exp, override):
     ("trainer.warmup_steps=-5", "trainer.warmup_steps must be >= 0, got -5"),
     ("trainer.grad_clip=-1", "trainer.grad_clip must be >= 0, got -1.0"),
     ("trainer.betas=[0.9,1.0]", "trainer.betas must be two numbers in [0, 1), got [0.9, 1.0]"),
+    ("trainer.preempt_signals=[SIGUSR1,SIGFOO]", "trainer.preempt_signals: no signal SIGFOO "
+                                                 "here (known: e.g. SIGUSR1, SIGUSR2, SIGTERM)"),
+    ("task.eval_mem_segments=-1", "task.eval_mem_segments must be >= 0, got -1"),
+    ("task.final_segments=-1", "task.final_segments must be >= 0, got -1"),
 ])
 def test_values_that_would_fail_later_are_refused_first(override, error):
     """What the model or the optimizer would refuse with a traceback (a negative dimension,

@@ -46,8 +46,11 @@ def test_nan_loss_stops_under_fp16_too(tmp_path, monkeypatch):
     nan = float("nan")
     monkeypatch.setattr(LMTask, "train_losses", lambda self, n: (
         (loss * nan, {**m, "loss": m["loss"] * nan}) for loss, m in real(self, n)))
-    with pytest.raises(TrainingDiverged, match="at step 1"):
+    with pytest.raises(TrainingDiverged, match="at step 1") as err:
         RUN(compose_cfg([*OVERRIDES, "trainer.precision=fp16"]), tmp_path)
+    # before the first checkpoint the message promises none
+    assert str(err.value).endswith(". No checkpoint was written yet: lower trainer.lr, or "
+                                   "rerun with trainer.nan_policy=skip to skip such steps")
 
 
 def test_nan_skip_policy_skips_the_step(tmp_path, monkeypatch):
@@ -90,6 +93,30 @@ def test_nan_skip_policy_gives_up_after_steps_skipped_in_a_row(tmp_path, monkeyp
     assert str(err.value).startswith("trainer.nan_policy=skip skipped 3 steps in a row, up to "
                                      "step 6: every batch gives a non-finite loss")
     assert not (tmp_path / "results.json").exists()
+
+
+def test_steps_skipped_in_a_row_do_not_prune_the_checkpoints_before_them(tmp_path,
+                                                                          monkeypatch):
+    """While steps are skipped the weights are those of the last applied step: saved once
+    (step 4 holds step 3's), not at every ckpt_every, which kept only checkpoints of
+    those weights and deleted step 2's, from before the trouble."""
+    from framework import trainer
+    from tasks.lm import LMTask
+
+    monkeypatch.setattr(trainer, "MAX_SKIPPED_IN_ROW", 5)
+    real = LMTask.train_losses
+    calls = [0]
+
+    def nan_from_4(self, n):
+        calls[0] += 1
+        for loss, m in real(self, n):
+            yield (loss * float("nan"), m) if calls[0] >= 4 else (loss, m)
+
+    monkeypatch.setattr(LMTask, "train_losses", nan_from_4)
+    with pytest.raises(TrainingDiverged, match="skipped 5 steps in a row, up to step 8"):
+        RUN(compose_cfg([*OVERRIDES, "trainer.nan_policy=skip"]), tmp_path)
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["checkpoint_00000002.pt",
+                                                           "checkpoint_00000004.pt"]
 
 
 def test_nan_skip_policy_forgets_the_memory_of_the_skipped_step(tmp_path, monkeypatch):

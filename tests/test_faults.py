@@ -7,6 +7,7 @@ tests/test_divergence.py; the checkpoint module alone: tests/test_checkpoints.py
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -198,20 +199,68 @@ def test_ctrl_c_checkpoints_after_the_step_and_rerun_resumes(tmp_path, reference
     same_results(tmp_path / "run", reference)
 
 
-def test_no_loadable_checkpoint_eval_stops_and_training_starts_over_saying_so(tmp_path,
-                                                                              capsys):
+def test_no_loadable_checkpoint_stops_eval_and_training_until_the_user_decides(tmp_path,
+                                                                               capsys):
+    """Every checkpoint broken: mode=eval stops; training stops too (not a silent start from
+    step 0 over the run's record), and so does every rerun, until one is repaired or
+    fresh=true starts over beside it."""
+    from framework.checkpoint import CheckpointError
+    from framework.cli import choose_run_dir
+
     cfg = compose_cfg([*OVERRIDES, "trainer.steps=2"])
     RUN(cfg, tmp_path)
     (tmp_path / "results.json").unlink()
     (ckpt,) = list_checkpoints(tmp_path)
     ckpt.write_bytes(ckpt.read_bytes()[:1000])
+    log = (tmp_path / "metrics.jsonl").read_bytes()
     with pytest.raises(ConfigError, match="mode=eval: none of the 1 checkpoints in .* loads"):
         RUN({**cfg, "mode": "eval"}, tmp_path)
-    RUN(cfg, tmp_path)
-    out = capsys.readouterr().err  # warnings go to stderr, beside the progress bar
-    assert f"none of the 1 checkpoints in {tmp_path} loads (kept as *.pt.bad): training " \
-           "starts over from step 0" in out
+    with pytest.raises(CheckpointError) as e:
+        RUN(cfg, tmp_path)
+    assert str(e.value) == (f"none of the 1 checkpoints in {tmp_path} loads (moved aside as "
+                            "*.pt.bad); to resume, repair one and rename it back to *.pt; to "
+                            "start over, pass fresh=true (a new sibling directory)")
     assert (tmp_path / "checkpoint_00000002.pt.bad").exists()
+    assert (tmp_path / "metrics.jsonl").read_bytes() == log
+    with pytest.raises(ConfigError, match=r"its checkpoints do not load \(checkpoint_00000002"
+                                          r"\.pt\.bad; .*rename it back to \*\.pt; pass "
+                                          r"fresh=true"):
+        choose_run_dir(cfg, tmp_path)
+    assert choose_run_dir({**cfg, "fresh": True}, tmp_path) == tmp_path.with_name(
+        tmp_path.name + "-2")
+
+
+def test_a_directory_another_run_started_in_is_not_taken_over(tmp_path):
+    """No checkpoint yet, but a config.yaml of another config (or a metrics.jsonl without
+    one): refused, nothing rewritten; an earlier start of this same config (stopped before
+    its first checkpoint) is started over, its metrics.jsonl rows replaced, not appended."""
+    from omegaconf import OmegaConf
+
+    from framework.cli import choose_run_dir
+
+    cfg = compose_cfg([*OVERRIDES, "trainer.steps=2"])
+    other = {**cfg, "trainer": {**cfg["trainer"], "lr": 0.5}}
+    run = tmp_path / "run"
+    run.mkdir()
+    OmegaConf.save(OmegaConf.create(other), run / "config.yaml")
+    (run / "metrics.jsonl").write_text('{"step": 1}\n')
+    before = {p.name: p.read_bytes() for p in run.iterdir()}
+    with pytest.raises(ConfigError, match=r"holds the start of a run with another config "
+                                          r"\(its config.yaml\); pass fresh=true"):
+        choose_run_dir(cfg, run)
+    (run / "config.yaml").unlink()
+    with pytest.raises(ConfigError, match="holds the metrics.jsonl of another run"):
+        choose_run_dir(cfg, run)
+    assert {p.name: p.read_bytes() for p in run.iterdir()} == {"metrics.jsonl": before[
+        "metrics.jsonl"]}
+    assert choose_run_dir({**cfg, "fresh": True}, run) == tmp_path / "run-2"
+    # an earlier start of this config: its rows go, the new run's are the record
+    OmegaConf.save(OmegaConf.create(cfg), run / "config.yaml")
+    assert choose_run_dir(cfg, run) == run
+    RUN(cfg, run)
+    rows = metrics(run)
+    assert all("time" in row for row in rows)  # the stale {"step": 1} row is gone
+    assert [row["step"] for row in rows if "train/loss" in row] == [1, 2]
 
 
 def test_corrupt_checkpoint_falls_back_to_previous(tmp_path, capsys):
@@ -366,6 +415,8 @@ def test_a_batch_that_does_not_split_stops_before_training(tmp_path):
                                           r"task.batch_size=4$"):
         RUN(cfg, tmp_path)
     assert not list_checkpoints(tmp_path) and not (tmp_path / "metrics.jsonl").exists()
+    with pytest.raises(ConfigError, match=r"^trainer.grad_accum=3 does not divide"):
+        RUN({**cfg, "mode": "params"}, tmp_path)  # a sweep's dry run says so too
     with pytest.raises(ConfigError, match=r"^task.batch_size=16 \(the global batch\) does "
                                           r"not divide by the 3 processes of this run"):
         check_batch_split(16, 3, 1)
@@ -430,6 +481,35 @@ def test_a_directory_with_checkpoints_or_another_finished_run(tmp_path):
         assert prepare_run_dir({**cfg, "mode": mode}, run) == run
     (run / "results.json").write_text('{"config_hash": ')
     assert choose_run_dir(cfg, run) == run
+
+
+def test_eval_with_evaluation_settings_finds_the_trained_run(tmp_path, monkeypatch, capsys):
+    """Evaluation settings on the command line (task.final_segments=2) name Hydra's
+    directory too: mode=eval evaluates the one run beside it that trained this config up to
+    them (its config.yaml), and removes the empty directory Hydra made; a run that trained
+    something else, or two that match, are not guessed at."""
+    from omegaconf import OmegaConf
+
+    from framework import cli
+
+    cfg = compose_cfg([*OVERRIDES, "trainer.steps=2", "task.val_segments=1"])
+    evaluate = {**cfg, "mode": "eval", "task": {**cfg["task"], "final_segments": 5,
+                                                  "val_segments": 0}}
+    exp = tmp_path / "runs" / "exp"
+    run, other, asked = exp / "trained", exp / "other", exp / "asked"
+    for d, c in ((run, cfg), (other, {**cfg, "trainer": {**cfg["trainer"], "steps": 3}})):
+        d.mkdir(parents=True)
+        OmegaConf.save(OmegaConf.create(c), d / "config.yaml")
+        save_checkpoint(d, 2, {"step": 2})
+    asked.mkdir()
+    monkeypatch.chdir(tmp_path)  # removable_up_to: a single run's empty parents up to here
+    assert cli.prepare_run_dir(evaluate, asked) == run and not asked.exists()
+    assert f"mode=eval: evaluating the run in {run}" in capsys.readouterr().out
+    assert cli.prepare_run_dir(evaluate, run) == run  # its own checkpoints: as it is
+    twin = exp / "twin"
+    shutil.copytree(run, twin)
+    asked.mkdir()
+    assert cli.prepare_run_dir(evaluate, asked) == asked  # two match: no guess
 
 
 def test_fresh_twice_after_a_finished_fresh_run_starts_a_third(tmp_path):

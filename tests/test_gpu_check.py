@@ -163,6 +163,28 @@ def test_gpu_check_packs_its_results_and_keeps_to_its_budget(tmp_path):
     assert said.strip() == "error: BUDGET=540s: a whole number of seconds"
 
 
+def test_gpu_check_help_prints_its_header_and_runs_nothing(tmp_path):
+    """--help prints the header (steps, variables) and runs no step; any other option, or a
+    second argument, is an error: on a GPU machine either would start the whole check."""
+    import subprocess
+
+    def gpu_check(*args):
+        return subprocess.run(["bash", "scripts/gpu_check.sh", *args], text=True,
+                              capture_output=True, cwd=Path(__file__).resolve().parents[1],
+                              env={"PATH": "/usr/bin:/bin", "PYTHON": "false",
+                                   "OUT": str(tmp_path / "out")})
+
+    shown = gpu_check("--help")
+    assert shown.returncode == 0 and shown.stdout.startswith("Issue 4's GPU checks")
+    assert "PACK=1 BUDGET=560" in shown.stdout and "set -uo" not in shown.stdout
+    assert not (tmp_path / "out").exists()
+    for args, said in ((["-x"], "error: unknown option -x"),
+                       (["a", "b"], "error: one argument, the output folder")):
+        done = gpu_check(*args)
+        assert done.returncode == 2 and done.stdout.startswith(said)
+    assert not (tmp_path / "out").exists() and not Path("a").exists()
+
+
 # Triton's own record of two tunings, written by its Autotuner.check_disk_cache (what a
 # tuning with cache_results writes on a GPU); run after tests.triton_helpers.STAND_IN_DRIVER
 WRITE_AUTOTUNE_RECORDS = """
