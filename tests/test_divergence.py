@@ -53,18 +53,23 @@ def test_nan_loss_stops_under_fp16_too(tmp_path, monkeypatch):
                                    "rerun with trainer.nan_policy=skip to skip such steps")
 
 
-def test_nan_skip_policy_skips_the_step(tmp_path, monkeypatch):
+def nan_losses_at(monkeypatch, bad) -> None:
+    """Make the losses of the training steps whose number n (from 1) has bad(n) NaN."""
     from tasks.lm import LMTask
 
     real = LMTask.train_losses
     calls = [0]
 
-    def once_nan(self, n):
+    def poisoned(self, n):
         calls[0] += 1
         for loss, m in real(self, n):
-            yield (loss * float("nan"), m) if calls[0] == 3 else (loss, m)
+            yield (loss * float("nan"), m) if bad(calls[0]) else (loss, m)
 
-    monkeypatch.setattr(LMTask, "train_losses", once_nan)
+    monkeypatch.setattr(LMTask, "train_losses", poisoned)
+
+
+def test_nan_skip_policy_skips_the_step(tmp_path, monkeypatch):
+    nan_losses_at(monkeypatch, lambda n: n == 3)
     RUN(compose_cfg([*OVERRIDES, "trainer.nan_policy=skip"]), tmp_path)
     skipped = [r["step"] for r in metrics(tmp_path) if r.get("train/skipped")]
     assert skipped == [3]
@@ -76,18 +81,9 @@ def test_nan_skip_policy_gives_up_after_steps_skipped_in_a_row(tmp_path, monkeyp
     """Weights that give NaN on every batch: stop with a message, not 'train' to the end
     skipping every step and write NaN results. Skips with good steps between are fine."""
     from framework import trainer
-    from tasks.lm import LMTask
 
     monkeypatch.setattr(trainer, "MAX_SKIPPED_IN_ROW", 3)
-    real = LMTask.train_losses
-    calls = [0]
-
-    def nan_at_2_then_from_4(self, n):
-        calls[0] += 1
-        for loss, m in real(self, n):
-            yield (loss * float("nan"), m) if calls[0] == 2 or calls[0] >= 4 else (loss, m)
-
-    monkeypatch.setattr(LMTask, "train_losses", nan_at_2_then_from_4)
+    nan_losses_at(monkeypatch, lambda n: n == 2 or n >= 4)
     with pytest.raises(TrainingDiverged) as err:
         RUN(compose_cfg([*OVERRIDES, "trainer.nan_policy=skip"]), tmp_path)
     assert str(err.value).startswith("trainer.nan_policy=skip skipped 3 steps in a row, up to "
@@ -101,18 +97,9 @@ def test_steps_skipped_in_a_row_do_not_prune_the_checkpoints_before_them(tmp_pat
     (step 4 holds step 3's), not at every ckpt_every, which kept only checkpoints of
     those weights and deleted step 2's, from before the trouble."""
     from framework import trainer
-    from tasks.lm import LMTask
 
     monkeypatch.setattr(trainer, "MAX_SKIPPED_IN_ROW", 5)
-    real = LMTask.train_losses
-    calls = [0]
-
-    def nan_from_4(self, n):
-        calls[0] += 1
-        for loss, m in real(self, n):
-            yield (loss * float("nan"), m) if calls[0] >= 4 else (loss, m)
-
-    monkeypatch.setattr(LMTask, "train_losses", nan_from_4)
+    nan_losses_at(monkeypatch, lambda n: n >= 4)
     with pytest.raises(TrainingDiverged, match="skipped 5 steps in a row, up to step 8"):
         RUN(compose_cfg([*OVERRIDES, "trainer.nan_policy=skip"]), tmp_path)
     assert [p.name for p in list_checkpoints(tmp_path)] == ["checkpoint_00000002.pt",
