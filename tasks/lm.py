@@ -91,11 +91,16 @@ def check_batch_split(batch_size: int, world_size: int, grad_accum: int) -> None
         raise ConfigError(f"trainer.grad_accum={grad_accum} does not divide {share}")
 
 
-def load_data(cfg: dict[str, Any]) -> TokenData:
+def dataset_config(cfg: dict[str, Any]) -> tuple[Any, Any]:
+    """(the dataset class of `dataset.kind`, its validated Config)."""
     data_cfg = dict(cfg["dataset"])
-    kind = data_cfg.pop("kind")
-    cls = DATASETS.get(kind)
-    return cls.load(from_dict(cls.Config, data_cfg, "dataset"))
+    cls = DATASETS.get(data_cfg.pop("kind"))
+    return cls, from_dict(cls.Config, data_cfg, "dataset")
+
+
+def load_data(cfg: dict[str, Any]) -> TokenData:
+    cls, data_cfg = dataset_config(cfg)
+    return cls.load(data_cfg)
 
 
 def check_split_sizes(data: TokenData, cfg: LMTaskConfig) -> None:

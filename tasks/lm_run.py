@@ -21,7 +21,6 @@ import kernels
 from framework.checkpoint import atomic_write_bytes, list_checkpoints, load_latest
 from framework.code_version import code_version
 from framework.config import ConfigError, from_dict
-from framework.data import DATASETS
 from framework.distributed import all_gather_object, init_distributed
 from framework.experiment import (
     check_trained_as,
@@ -48,6 +47,7 @@ from tasks.lm import (
     build_model_config,
     check_batch_split,
     check_split_sizes,
+    dataset_config,
     describe_data,
     load_data,
 )
@@ -252,6 +252,8 @@ def print_params(cfg: dict[str, Any], run_dir: Path | None = None) -> dict[str, 
 
 
 def vocab_of(cfg: dict[str, Any]) -> int:
-    """The vocabulary from the config when it fixes it, else from the (prepared) data."""
-    nominal = getattr(DATASETS.get(cfg["dataset"]["kind"]), "nominal_vocab_size", None)
-    return int(cfg["dataset"].get("vocab_size") or nominal or load_data(cfg).vocab_size)
+    """The vocabulary from the config when it fixes it, else from the (prepared) data. The
+    dataset's config is validated as training would (dataset.vocab_size's range, ...)."""
+    cls, data_cfg = dataset_config(cfg)
+    nominal = getattr(cls, "nominal_vocab_size", None)
+    return int(getattr(data_cfg, "vocab_size", 0) or nominal or load_data(cfg).vocab_size)

@@ -417,6 +417,9 @@ def test_a_batch_that_does_not_split_stops_before_training(tmp_path):
     assert not list_checkpoints(tmp_path) and not (tmp_path / "metrics.jsonl").exists()
     with pytest.raises(ConfigError, match=r"^trainer.grad_accum=3 does not divide"):
         RUN({**cfg, "mode": "params"}, tmp_path)  # a sweep's dry run says so too
+    wiki = compose_cfg(["dataset=wikitext_mini", "dataset.vocab_size=10"])
+    with pytest.raises(ConfigError, match=r"^dataset.vocab_size=10: use 16..65535"):
+        RUN({**wiki, "mode": "params"}, tmp_path)  # and a vocabulary training would refuse
     with pytest.raises(ConfigError, match=r"^task.batch_size=16 \(the global batch\) does "
                                           r"not divide by the 3 processes of this run"):
         check_batch_split(16, 3, 1)
