@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import difflib
 import hashlib
+import itertools
 import re
 import shutil
 import sys
@@ -13,7 +14,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from framework.checkpoint import list_checkpoints
+from framework.checkpoint import list_broken, list_checkpoints
 from framework.config import (
     TOP_LEVEL,
     ConfigError,
@@ -23,12 +24,14 @@ from framework.config import (
     is_environment_error,
 )
 from framework.experiment import (
+    EVAL_SETTINGS,
     fresh_dir,
     read_results,
     remove_if_empty,
     run_hashes,
     start_blocker,
-    trained_sibling,
+    trained_as,
+    under,
     unfinished_fresh_run,
 )
 
@@ -318,8 +321,8 @@ def prepare_run_dir(cfg: dict[str, Any], run_dir: Path) -> Path | None:
     overrides (task.final_segments=2, ...): the trained run's directory
     (experiment.trained_sibling)."""
     mode = cfg.get("mode", "train")
-    if mode == "eval" and not list_checkpoints(run_dir):
-        trained = trained_sibling(run_dir, cfg)
+    if mode == "eval" and not list_checkpoints(run_dir) and not list_broken(run_dir):
+        trained = trained_run_dir(cfg, run_dir)
         if trained is not None:
             print(f"mode=eval: evaluating the run in {trained} (evaluation settings do not "
                   f"name a run)")
@@ -328,6 +331,51 @@ def prepare_run_dir(cfg: dict[str, Any], run_dir: Path) -> Path | None:
     if mode != "train":
         return run_dir
     return choose_run_dir(cfg, run_dir)
+
+
+def names_without_eval_settings(overrides: list[str], exclude_keys: list[str],
+                                item_sep: str = ",", kv_sep: str = "=") -> list[list[str]]:
+    """Run directory names (Hydra's override_dirname, then `dirname`) of these command-line
+    overrides with some of their evaluation settings (EVAL_SETTINGS) left out: those
+    leaving one out, then those leaving two out, ... The training command may have set
+    some of them too (task.val_segments=1), which then name its directory."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    named = [o for o in OverridesParser.create().parse_overrides(overrides)
+             if o.key_or_group not in exclude_keys]
+    evals = [i for i, o in enumerate(named) if under(o.key_or_group, EVAL_SETTINGS)]
+    return [[dirname(item_sep.join(sorted(o.input_line for i, o in enumerate(named)
+                                          if i not in left_out)).replace("=", kv_sep))
+             for left_out in itertools.combinations(evals, n)]
+            for n in range(1, len(evals) + 1)]
+
+
+def trained_run_dir(cfg: dict[str, Any], run_dir: Path) -> Path | None:
+    """mode=eval of a single run whose directory has no checkpoint: the run its command
+    trained, when evaluation settings among the overrides (task.final_segments=2) gave
+    Hydra's directory another name. The candidates leaving out the fewest settings win;
+    one of them must have trained this config (experiment.trained_as), or None."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.RUN:
+        return None
+    hc = HydraConfig.get()
+    spec = hc.job.config.override_dirname
+    # runs/<name>/<overrides>: with no overrides left, runs/<name> itself
+    return pick_trained(cfg, run_dir.parent, names_without_eval_settings(
+        list(hc.overrides.task), list(spec.exclude_keys), spec.item_sep, spec.kv_sep))
+
+
+def pick_trained(cfg: dict[str, Any], base: Path, candidates: list[list[str]]
+                 ) -> Path | None:
+    """The one directory base/<name> that trained `cfg`, from the first group of candidate
+    names that has any (None: none, or two in one group)."""
+    for names in candidates:
+        found = {base / n for n in names if trained_as(base / n, cfg)}
+        if found:
+            return found.pop() if len(found) == 1 else None
+    return None
 
 
 def choose_run_dir(cfg: dict[str, Any], run_dir: Path) -> Path | None:

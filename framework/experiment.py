@@ -119,25 +119,19 @@ def read_results(run_dir: Path) -> dict[str, Any] | None:
         return None
 
 
-def trained_sibling(run_dir: Path, cfg: dict[str, Any]) -> Path | None:
-    """mode=eval where run_dir has no checkpoint: the one directory beside it whose run
-    trained this very config, up to the evaluation settings (EVAL_SETTINGS) and the keys
-    that never name a run. Evaluation settings on the command line name Hydra's directory
-    too (task.final_segments=2 -> another name); None where no or several runs match."""
+def trained_as(run_dir: Path, cfg: dict[str, Any]) -> bool:
+    """Whether run_dir holds checkpoints of a run that trained `cfg` (its config.yaml), up to
+    the evaluation settings (EVAL_SETTINGS) and the keys that never name a run."""
     from omegaconf import OmegaConf
 
+    if not (run_dir / "config.yaml").is_file() or not list_checkpoints(run_dir):
+        return False
+    try:
+        saved = OmegaConf.to_container(OmegaConf.load(run_dir / "config.yaml"))
+    except (OSError, ValueError, yaml.YAMLError):
+        return False
     free = (*VOLATILE, *(f"trainer.{k}" for k in VOLATILE_TRAINER), *EVAL_SETTINGS)
-    found = []
-    for d in sorted(run_dir.parent.iterdir()) if run_dir.parent.is_dir() else []:
-        if d == run_dir or not (d / "config.yaml").is_file() or not list_checkpoints(d):
-            continue
-        try:
-            saved = OmegaConf.to_container(OmegaConf.load(d / "config.yaml"))
-        except (OSError, ValueError, yaml.YAMLError):
-            continue
-        if isinstance(saved, dict) and not _differences(saved, cfg, free):
-            found.append(d)
-    return found[0] if len(found) == 1 else None
+    return isinstance(saved, dict) and not _differences(saved, cfg, free)
 
 
 def write_results(run_dir: Path, results: dict[str, Any], name: str = "results.json") -> Path:
@@ -175,12 +169,29 @@ def saved_config_matches(run_dir: Path, cfg: dict[str, Any]) -> bool | None:
         return False
 
 
+def _first_difference(path: Path, cfg: dict[str, Any]) -> str:
+    """", which has KEY=VALUE (this config: VALUE)" for the first key that names a run and
+    differs; "" where the file cannot be read."""
+    from omegaconf import OmegaConf
+
+    try:
+        saved = OmegaConf.to_container(OmegaConf.load(path))
+        free = (*VOLATILE, *(f"trainer.{k}" for k in VOLATILE_TRAINER))
+        key = _differences(saved, cfg, free)[0]
+    except (OSError, ValueError, AttributeError, IndexError, yaml.YAMLError):
+        return ""
+    was, now = _flat(saved).get(key, "<unset>"), _flat(cfg).get(key, "<unset>")
+    return f", which has {key}={was}; this config: {now}"
+
+
 def unfinished_fresh_run(run_dir: Path, cfg: dict[str, Any]) -> Path | None:
     """The newest fresh=true sibling when it has not finished and trains this config (its
     config.yaml): rerunning an interrupted or requeued fresh=true command resumes it
     instead of starting yet another run."""
     newest = _newest_fresh_sibling(run_dir)[1]
     if newest is None or (newest / "results.json").exists():
+        return None
+    if list_broken(newest) and not list_checkpoints(newest):  # fresh=true: past it, anew
         return None
     return newest if saved_config_matches(newest, cfg) else None
 
@@ -195,7 +206,9 @@ def start_blocker(run_dir: Path, cfg: dict[str, Any]) -> str | None:
                 f"rename it back to *.pt")
     same = saved_config_matches(run_dir, cfg)
     if same is False:
-        return f"{run_dir} holds the start of a run with another config (its config.yaml)"
+        return (f"{run_dir} holds the start of a run with another config (its config.yaml"
+                f"{_first_difference(run_dir / 'config.yaml', cfg)}; no checkpoint, so "
+                f"deleting the directory loses nothing)")
     if same is None and (run_dir / "metrics.jsonl").exists():
         return f"{run_dir} holds the metrics.jsonl of another run (and no config.yaml)"
     return None

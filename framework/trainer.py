@@ -31,6 +31,7 @@ from tqdm import tqdm
 from framework.checkpoint import (
     CheckpointError,
     checkpoint_path,
+    list_broken,
     list_checkpoints,
     load_checkpoint,
     load_latest,
@@ -220,7 +221,8 @@ class Trainer:
                 "optimizer": self.optimizer.state_dict(), "scaler": self.scaler.state_dict(),
                 "task": self.task.state_dict(), "rng": all_gather_object(rng_state()),
                 "config_hash": self.config_hash, "metrics_bytes": self.logger.size(),
-                "train_seconds": self.train_seconds, "code_fingerprints": self.code_fingerprints}
+                "train_seconds": self.train_seconds, "code_fingerprints": self.code_fingerprints,
+                "skipped_in_row": self.skipped_in_row}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.model.load_state_dict(state["model"])
@@ -236,6 +238,7 @@ class Trainer:
             # the same dropout masks on two ranks)
             seed_everything(hash((self.cfg.seed, self.dist.rank, self.step)) % 2**31)
         self.logger.truncate(state.get("metrics_bytes"))  # the steps redone are logged anew
+        self.skipped_in_row = int(state.get("skipped_in_row", 0))  # a requeue counts on
 
     def load_progress(self, state: dict[str, Any]) -> None:
         """The step, the training time and the code versions of a checkpoint (also what
@@ -246,10 +249,13 @@ class Trainer:
 
     def checkpoint(self) -> None:
         state = self.state_dict()  # collective under DDP (memory and RNG of every rank)
+        # weights saved already (a preemption or the last step while steps are skipped):
+        # prune nothing, the older checkpoints predate the trouble
+        keep = 0 if self.weights_saved() else self.cfg.keep_checkpoints
         error = None
         if self.is_main:
             try:
-                save_checkpoint(self.run_dir, self.step, state, self.cfg.keep_checkpoints)
+                save_checkpoint(self.run_dir, self.step, state, keep)
             except OSError as e:  # a full disk, a lost mount: every rank stops, none waits
                 error = (f"cannot write the step-{self.step} checkpoint in {self.run_dir} "
                          f"({e}); the previous checkpoints are kept: free space and rerun")
@@ -258,14 +264,19 @@ class Trainer:
             raise CheckpointError(error)
         self.saved_step = self.step
 
+    def weights_saved(self) -> bool:
+        """Whether a checkpoint holds the current weights already: those of the last applied
+        step, which skipped steps (nan_policy=skip) leave as they were."""
+        return self.saved_step >= self.step - self.skipped_in_row
+
     def resume(self) -> bool:
         # rank 0 picks the checkpoint (and moves broken ones aside); the others load that one
         state = None
         if self.is_main:
-            found = len(list_checkpoints(self.run_dir))
             state = load_latest(self.run_dir, warn=note, repair=True)
-            if state is None and found:  # not a silent start over: the user decides
-                state = (f"none of the {found} checkpoints in {self.run_dir} loads (moved "
+            broken = len(list_broken(self.run_dir))  # this time's and any earlier run's
+            if state is None and broken:  # not a silent start over: the user decides
+                state = (f"none of the {broken} checkpoints in {self.run_dir} loads (moved "
                          f"aside as *.pt.bad); to resume, repair one and rename it back to "
                          f"*.pt; to start over, pass fresh=true (a new sibling directory)")
         said = broadcast_from_main(state if isinstance(state, str) else
@@ -466,11 +477,9 @@ class Trainer:
                 now = time.perf_counter()
                 self.train_seconds, clock = self.train_seconds + now - clock, now
                 preempted = self._preempted()
-                # while steps are skipped (nan_policy=skip) the weights stay those of the
-                # last applied step: saved once, not again and again, which would prune
-                # the checkpoints from before the trouble
-                periodic = (self.step % cfg.ckpt_every == 0
-                            and self.saved_step < self.step - self.skipped_in_row)
+                # while steps are skipped the weights are saved once, not again and again,
+                # which would prune the checkpoints from before the trouble
+                periodic = self.step % cfg.ckpt_every == 0 and not self.weights_saved()
                 if periodic or self.step == cfg.steps or preempted:
                     self.checkpoint()
                     t0, tokens = time.perf_counter(), 0

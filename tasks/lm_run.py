@@ -156,7 +156,11 @@ def run(cfg: dict[str, Any], run_dir: Path) -> dict[str, Any] | None:
                                    "train_seconds": round(trainer.train_seconds, 1),
                                    "peak_rss_mb": round(peak_rss, 1),
                                    "code": code_version(trainer.code_fingerprints),
-                                   "data": data_record}
+                                   "data": data_record,
+                                   # how valid/test were evaluated (mode=eval may change it)
+                                   "evaluation": {k: getattr(task_cfg, k) for k in (
+                                       "eval_mem_segments", "final_segments",
+                                       "eval_batch_size")}}
         # Every rank evaluates the same streams (identical numbers); rank 0 writes them.
         for split in ("valid", "test"):
             r = task.evaluate(split, task_cfg.eval_batch_size, task_cfg.eval_mem_segments,

@@ -106,6 +106,36 @@ def test_steps_skipped_in_a_row_do_not_prune_the_checkpoints_before_them(tmp_pat
                                                            "checkpoint_00000004.pt"]
 
 
+def test_a_preemption_while_steps_are_skipped_prunes_nothing_and_the_count_goes_on(
+        tmp_path, monkeypatch):
+    """A preemption checkpoint in a run of skipped steps holds the weights saved already: it
+    deletes no older checkpoint (step 2's predates the trouble), and the requeued run goes
+    on counting the steps skipped in a row."""
+    import signal
+
+    from framework import trainer
+    from framework.trainer import Interrupted
+
+    monkeypatch.setattr(trainer, "MAX_SKIPPED_IN_ROW", 6)
+    nan_losses_at(monkeypatch, lambda n: n >= 4)
+    real = Trainer._preempted
+
+    def preempted_at_7(self):
+        if self.step == 7:
+            self._signal = signal.SIGINT  # (raised as Interrupted once checkpointed)
+        return real(self)
+
+    monkeypatch.setattr(Trainer, "_preempted", preempted_at_7)
+    with pytest.raises(Interrupted):
+        RUN(compose_cfg([*OVERRIDES, "trainer.nan_policy=skip"]), tmp_path)
+    assert [p.name[11:19] for p in list_checkpoints(tmp_path)] == ["00000002", "00000004",
+                                                                  "00000007"]
+    assert load_checkpoint(list_checkpoints(tmp_path)[-1])["skipped_in_row"] == 4
+    monkeypatch.setattr(Trainer, "_preempted", real)
+    with pytest.raises(TrainingDiverged, match="skipped 6 steps in a row, up to step 9"):
+        RUN(compose_cfg([*OVERRIDES, "trainer.nan_policy=skip"]), tmp_path)
+
+
 def test_nan_skip_policy_forgets_the_memory_of_the_skipped_step(tmp_path, monkeypatch):
     """A NaN in the forward also lands in the Transformer-XL memory: kept, it would make
     every later step NaN (and be checkpointed); the skipped step's memory is dropped."""

@@ -7,7 +7,6 @@ tests/test_divergence.py; the checkpoint module alone: tests/test_checkpoints.py
 import json
 import os
 import random
-import shutil
 import signal
 import subprocess
 import sys
@@ -226,8 +225,19 @@ def test_no_loadable_checkpoint_stops_eval_and_training_until_the_user_decides(t
                                           r"\.pt\.bad; .*rename it back to \*\.pt; pass "
                                           r"fresh=true"):
         choose_run_dir(cfg, tmp_path)
+    fresh = tmp_path.with_name(tmp_path.name + "-2")
+    assert choose_run_dir({**cfg, "fresh": True}, tmp_path) == fresh
+    # the same in that fresh=true sibling: its rerun stops too, fresh=true goes past it
+    RUN(cfg, fresh)
+    (fresh / "results.json").unlink()
+    (ckpt,) = list_checkpoints(fresh)
+    ckpt.write_bytes(ckpt.read_bytes()[:1000])
+    with pytest.raises(CheckpointError, match="none of the 1 checkpoints"):
+        RUN(cfg, fresh)
+    with pytest.raises(CheckpointError, match="none of the 1 checkpoints"):
+        RUN(cfg, fresh)  # (Trainer.resume: the *.pt.bad alone, whoever chose the directory)
     assert choose_run_dir({**cfg, "fresh": True}, tmp_path) == tmp_path.with_name(
-        tmp_path.name + "-2")
+        tmp_path.name + "-3")
 
 
 def test_a_directory_another_run_started_in_is_not_taken_over(tmp_path):
@@ -246,7 +256,9 @@ def test_a_directory_another_run_started_in_is_not_taken_over(tmp_path):
     (run / "metrics.jsonl").write_text('{"step": 1}\n')
     before = {p.name: p.read_bytes() for p in run.iterdir()}
     with pytest.raises(ConfigError, match=r"holds the start of a run with another config "
-                                          r"\(its config.yaml\); pass fresh=true"):
+                                          r"\(its config.yaml, which has trainer.lr=0.5; this "
+                                          r"config: 0.002; no checkpoint, so deleting the "
+                                          r"directory loses nothing\); pass fresh=true"):
         choose_run_dir(cfg, run)
     (run / "config.yaml").unlink()
     with pytest.raises(ConfigError, match="holds the metrics.jsonl of another run"):
@@ -488,31 +500,52 @@ def test_a_directory_with_checkpoints_or_another_finished_run(tmp_path):
 
 def test_eval_with_evaluation_settings_finds_the_trained_run(tmp_path, monkeypatch, capsys):
     """Evaluation settings on the command line (task.final_segments=2) name Hydra's
-    directory too: mode=eval evaluates the one run beside it that trained this config up to
-    them (its config.yaml), and removes the empty directory Hydra made; a run that trained
-    something else, or two that match, are not guessed at."""
+    directory too: mode=eval evaluates the run of the same command without them (Hydra's
+    own name for the rest; leaving out as few as find a run, the training command may have
+    set some too), if it trained this config, and removes the empty directory Hydra made."""
+    from hydra._internal.config_loader_impl import get_overrides_dirname
+    from hydra.core.override_parser.overrides_parser import OverridesParser
     from omegaconf import OmegaConf
 
     from framework import cli
 
-    cfg = compose_cfg([*OVERRIDES, "trainer.steps=2", "task.val_segments=1"])
-    evaluate = {**cfg, "mode": "eval", "task": {**cfg["task"], "final_segments": 5,
-                                                  "val_segments": 0}}
-    exp = tmp_path / "runs" / "exp"
-    run, other, asked = exp / "trained", exp / "other", exp / "asked"
-    for d, c in ((run, cfg), (other, {**cfg, "trainer": {**cfg["trainer"], "steps": 3}})):
-        d.mkdir(parents=True)
+    exclude = ["exp", "mode"]
+    trained = ["+exp=mini_moe", "trainer.steps=30", "dataset.source=/d/x", "task.val_segments=1"]
+    evaluated = [*trained, "mode=eval", "task.final_segments=2"]
+    hydra_name = get_overrides_dirname(OverridesParser.create().parse_overrides(trained),
+                                       exclude, ",", "=")
+    one_out, both_out = cli.names_without_eval_settings(evaluated, exclude)
+    assert cli.dirname(hydra_name) in one_out and len(one_out) == 2 and len(both_out) == 1
+    assert cli.names_without_eval_settings(["+exp=mini_moe", "task.final_segments=2"],
+                                           exclude) == [[""]]
+    assert cli.names_without_eval_settings(trained[:3], exclude) == []
+
+    cfg = compose_cfg([*OVERRIDES, "trainer.steps=2"])
+    evaluate = {**cfg, "mode": "eval", "task": {**cfg["task"], "final_segments": 5}}
+    base = tmp_path / "runs" / "exp"  # the default run lives here itself: no overrides
+
+    def train(d, c=cfg):
+        d.mkdir(parents=True, exist_ok=True)
         OmegaConf.save(OmegaConf.create(c), d / "config.yaml")
         save_checkpoint(d, 2, {"step": 2})
+
+    train(base)
+    train(base / "task.val_segments=4")  # a run nested in it, another evaluation setting
+    train(base / "trainer.steps=3", {**cfg, "trainer": {**cfg["trainer"], "steps": 3}})
+    assert cli.pick_trained(evaluate, base, [[""]]) == base
+    assert cli.pick_trained(evaluate, base, [["trainer.steps=3"]]) is None  # trained else
+    assert cli.pick_trained(evaluate, base, [["nothing", ""], ["task.val_segments=4"]]) == base
+    assert cli.pick_trained(evaluate, base, [["", "task.val_segments=4"]]) is None  # no guess
+
+    asked = base / "task.final_segments=5"
     asked.mkdir()
     monkeypatch.chdir(tmp_path)  # removable_up_to: a single run's empty parents up to here
-    assert cli.prepare_run_dir(evaluate, asked) == run and not asked.exists()
-    assert f"mode=eval: evaluating the run in {run}" in capsys.readouterr().out
-    assert cli.prepare_run_dir(evaluate, run) == run  # its own checkpoints: as it is
-    twin = exp / "twin"
-    shutil.copytree(run, twin)
+    monkeypatch.setattr(cli, "trained_run_dir", lambda c, d: cli.pick_trained(c, base, [[""]]))
+    assert cli.prepare_run_dir(evaluate, asked) == base and not asked.exists()
+    assert f"mode=eval: evaluating the run in {base}" in capsys.readouterr().out
     asked.mkdir()
-    assert cli.prepare_run_dir(evaluate, asked) == asked  # two match: no guess
+    (asked / "checkpoint_00000002.pt.bad").write_bytes(b"x")  # its own run, broken: said so
+    assert cli.prepare_run_dir(evaluate, asked) == asked
 
 
 def test_fresh_twice_after_a_finished_fresh_run_starts_a_third(tmp_path):

@@ -94,6 +94,9 @@ def test_eval_mode_reevaluates_the_last_checkpoint(tmp_path):
     # under this run)
     fewer = RUN({**cfg, "mode": "eval", "task": {**cfg["task"], "final_segments": 1}}, tmp_path)
     assert fewer["steps"] == 3
+    saved = json.loads((tmp_path / "eval_results.json").read_text())
+    assert saved["evaluation"]["final_segments"] == 1  # which evaluation it holds
+    assert evaluated["evaluation"]["final_segments"] == cfg["task"]["final_segments"]
     before = (tmp_path / "eval_results.json").read_bytes()
     with pytest.raises(ConfigError, match=r"was trained with ffn.k=2, not 1; evaluate it"):
         RUN({**cfg, "mode": "eval", "ffn": {**cfg["ffn"], "k": 1}}, tmp_path)
