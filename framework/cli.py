@@ -319,7 +319,7 @@ def prepare_run_dir(cfg: dict[str, Any], run_dir: Path) -> Path | None:
     """The run directory for this config (Hydra's `run_dir`, or a fresh=true sibling), or
     None if this exact run already finished. mode=eval with evaluation settings among the
     overrides (task.final_segments=2, ...): the trained run's directory
-    (experiment.trained_sibling)."""
+    (`trained_run_dir`)."""
     mode = cfg.get("mode", "train")
     if mode == "eval" and not list_checkpoints(run_dir) and not list_broken(run_dir):
         trained = trained_run_dir(cfg, run_dir)
