@@ -10,15 +10,10 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from framework.cli import (
-    exit_if_jobs_failed,
-    handle_errors,
-    prepare_argv,
-    prepare_run_dir,
-    removable_up_to,
-)
+from framework.cli import exit_if_jobs_failed, handle_errors, prepare_argv, removable_up_to
 from framework.config import check_top_level
 from framework.experiment import remove_if_empty
+from framework.run_dirs import prepare_run_dir
 
 prepare_argv(sys.argv)
 

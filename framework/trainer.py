@@ -437,7 +437,7 @@ class Trainer:
         if self.resume():
             self._continue_code()
         else:  # from step 0: rows of an earlier start of this run (stopped before its first
-            # checkpoint; a directory of another run's is refused, framework/cli.py) go
+            # checkpoint; a directory of another run's is refused, framework/run_dirs.py) go
             self.logger.truncate(0)
         self._precompile()
         self.model.train()

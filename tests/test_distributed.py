@@ -38,8 +38,8 @@ def _choose_worker(rank: int, world: int, port: int, cfg: dict, run_dir: str) ->
     _as_rank(rank, world, port)
     import torch
 
-    from framework.cli import choose_run_dir
     from framework.config import ConfigError
+    from framework.run_dirs import choose_run_dir
 
     try:
         answer = str(choose_run_dir(cfg, Path(run_dir)))

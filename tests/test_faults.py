@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from framework.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
+from framework.checkpoint import list_checkpoints, load_checkpoint
 from framework.config import ConfigError
 from framework.trainer import Trainer
 from tasks import TASKS
@@ -204,7 +204,7 @@ def test_no_loadable_checkpoint_stops_eval_and_training_until_the_user_decides(t
     step 0 over the run's record), and so does every rerun, until one is repaired or
     fresh=true starts over beside it."""
     from framework.checkpoint import CheckpointError
-    from framework.cli import choose_run_dir
+    from framework.run_dirs import choose_run_dir
 
     cfg = compose_cfg([*OVERRIDES, "trainer.steps=2"])
     RUN(cfg, tmp_path)
@@ -238,41 +238,6 @@ def test_no_loadable_checkpoint_stops_eval_and_training_until_the_user_decides(t
         RUN(cfg, fresh)  # (Trainer.resume: the *.pt.bad alone, whoever chose the directory)
     assert choose_run_dir({**cfg, "fresh": True}, tmp_path) == tmp_path.with_name(
         tmp_path.name + "-3")
-
-
-def test_a_directory_another_run_started_in_is_not_taken_over(tmp_path):
-    """No checkpoint yet, but a config.yaml of another config (or a metrics.jsonl without
-    one): refused, nothing rewritten; an earlier start of this same config (stopped before
-    its first checkpoint) is started over, its metrics.jsonl rows replaced, not appended."""
-    from omegaconf import OmegaConf
-
-    from framework.cli import choose_run_dir
-
-    cfg = compose_cfg([*OVERRIDES, "trainer.steps=2"])
-    other = {**cfg, "trainer": {**cfg["trainer"], "lr": 0.5}}
-    run = tmp_path / "run"
-    run.mkdir()
-    OmegaConf.save(OmegaConf.create(other), run / "config.yaml")
-    (run / "metrics.jsonl").write_text('{"step": 1}\n')
-    before = {p.name: p.read_bytes() for p in run.iterdir()}
-    with pytest.raises(ConfigError, match=r"holds the start of a run with another config "
-                                          r"\(its config.yaml, which has trainer.lr=0.5; this "
-                                          r"config: 0.002; no checkpoint, so deleting the "
-                                          r"directory loses nothing\); pass fresh=true"):
-        choose_run_dir(cfg, run)
-    (run / "config.yaml").unlink()
-    with pytest.raises(ConfigError, match="holds the metrics.jsonl of another run"):
-        choose_run_dir(cfg, run)
-    assert {p.name: p.read_bytes() for p in run.iterdir()} == {"metrics.jsonl": before[
-        "metrics.jsonl"]}
-    assert choose_run_dir({**cfg, "fresh": True}, run) == tmp_path / "run-2"
-    # an earlier start of this config: its rows go, the new run's are the record
-    OmegaConf.save(OmegaConf.create(cfg), run / "config.yaml")
-    assert choose_run_dir(cfg, run) == run
-    RUN(cfg, run)
-    rows = metrics(run)
-    assert all("time" in row for row in rows)  # the stale {"step": 1} row is gone
-    assert [row["step"] for row in rows if "train/loss" in row] == [1, 2]
 
 
 def test_corrupt_checkpoint_falls_back_to_previous(tmp_path, capsys):
@@ -341,37 +306,10 @@ def test_finished_run_is_not_retrained_and_fresh_starts_anew(tmp_path, reference
     # a results.json without the numbers (edited by hand) still marks the run finished
     res = json.loads((tmp_path / "run-2" / "results.json").read_text())
     (tmp_path / "run-2" / "results.json").write_text(json.dumps({**res, "test": {}}))
-    from framework.cli import choose_run_dir
+    from framework.run_dirs import choose_run_dir
 
     assert choose_run_dir(compose_cfg(OVERRIDES), tmp_path / "run-2") is None
     assert (run_dir / "results.json").stat().st_mtime_ns == before
-
-
-def test_fresh_resumes_its_own_unfinished_run(tmp_path):
-    """An interrupted (or requeued) fresh=true command resumes the sibling it started, as
-    the interrupt message says; a finished sibling or one of another config gets a new one."""
-    from omegaconf import OmegaConf
-
-    from framework.cli import choose_run_dir
-    from framework.experiment import config_hash, write_results
-
-    cfg = {**compose_cfg([*OVERRIDES, "trainer.steps=2"]), "fresh": True}
-    run = tmp_path / "run"
-    done = {"config_hash": config_hash(cfg), "metric": "bpc", "valid": {"bpc": 1.0},
-            "test": {"bpc": 1.0}}
-    run.mkdir()
-    write_results(run, done)
-    assert choose_run_dir(cfg, run) == tmp_path / "run-2"  # created, empty
-    OmegaConf.save(OmegaConf.create(cfg), tmp_path / "run-2" / "config.yaml")  # as lm_run
-    assert choose_run_dir(cfg, run) == tmp_path / "run-2"  # unfinished: resumed
-    other = {**cfg, "trainer": {**cfg["trainer"], "lr": 0.01}}
-    assert choose_run_dir(other, run) == tmp_path / "run-3"  # another config: a new run
-    OmegaConf.save(OmegaConf.create(other), tmp_path / "run-3" / "config.yaml")
-    write_results(tmp_path / "run-3", done)
-    (tmp_path / "run-2").rename(tmp_path / "run-2-old")
-    assert choose_run_dir(cfg, run) == tmp_path / "run-4"  # the newest finished: after it
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["run", "run-2-old", "run-3",
-                                                          "run-4"]
 
 
 def test_same_seed_same_losses(tmp_path):
@@ -384,29 +322,9 @@ def test_same_seed_same_losses(tmp_path):
     assert strip(a) == strip(b)
 
 
-@pytest.mark.parametrize("earlier", [0, 1])
-def test_runs_hashed_by_an_earlier_version_are_still_this_run(tmp_path, earlier):
-    """nan_policy, then grad_accum left the run identity later: runs started before keep
-    their old hash and must still resume, and count as finished."""
-    from framework.cli import choose_run_dir
-    from framework.experiment import EARLIER_VOLATILE_TRAINER, config_hash
-
-    cfg = compose_cfg([*OVERRIDES, "trainer.steps=2"])
-    RUN(cfg, tmp_path)
-    old = config_hash(cfg, EARLIER_VOLATILE_TRAINER[earlier])
-    assert old != config_hash(cfg)
-    (tmp_path / "results.json").unlink()
-    state = load_checkpoint(list_checkpoints(tmp_path)[-1])
-    save_checkpoint(tmp_path, 2, {**state, "config_hash": old})
-    assert RUN(cfg, tmp_path)["steps"] == 2  # resumed (another config would be refused)
-    res = json.loads((tmp_path / "results.json").read_text())
-    (tmp_path / "results.json").write_text(json.dumps({**res, "config_hash": old}))
-    assert choose_run_dir(cfg, tmp_path) is None  # finished
-
-
 def test_a_run_resumes_with_another_grad_accum(tmp_path):
     """Out of memory: rerun with trainer.grad_accum=2, the same run (same batch per step)."""
-    from framework.cli import choose_run_dir
+    from framework.run_dirs import choose_run_dir
 
     cfg = compose_cfg([*OVERRIDES, "trainer.steps=3", "trainer.ckpt_every=2"])
     RUN(cfg, tmp_path)
@@ -440,127 +358,3 @@ def test_a_batch_that_does_not_split_stops_before_training(tmp_path):
                                           r"over 2 processes\)$"):
         check_batch_split(16, 2, 3)
     check_batch_split(24, 2, 3)
-
-
-def test_checkpoints_of_another_config_are_not_resumed(tmp_path):
-    RUN(compose_cfg([*OVERRIDES, "trainer.steps=2"]), tmp_path)
-    (tmp_path / "results.json").unlink()  # as if interrupted after its last checkpoint
-    before = {p.name: p.stat().st_mtime_ns for p in tmp_path.iterdir()}
-    with pytest.raises(ConfigError, match="holds checkpoints of another config.*fresh=true"):
-        RUN(compose_cfg([*OVERRIDES, "trainer.steps=2", "trainer.lr=0.01"]), tmp_path)
-    after = {p.name: p.stat().st_mtime_ns for p in tmp_path.iterdir() if p.name in before}
-    assert {k: v for k, v in before.items() if k.startswith("checkpoint")} == {
-        k: v for k, v in after.items() if k.startswith("checkpoint")}
-
-
-def test_volatile_keys_leave_the_config_hash_alone():
-    """Mutant: "paper" dropped from VOLATILE (correcting a paper number in an exp file would
-    make every finished run of it stale)."""
-    from framework.experiment import config_hash
-
-    cfg = {"model": {"d_model": 16}, "trainer": {"seed": 0, "lr": 1e-3}, "paper": {"a": 1}}
-    for key, value in (("paper", {"a": 2}), ("logger", "wandb"), ("fresh", True),
-                       ("mode", "eval"), ("sweep_name", "moe")):
-        assert config_hash({**cfg, key: value}) == config_hash(cfg), key
-    assert config_hash({**cfg, "model": {"d_model": 32}}) != config_hash(cfg)
-
-
-def test_fresh_dir_goes_above_the_highest_sibling(tmp_path):
-    """Mutant `max(...)` -> `min(...)` in _newest_fresh_sibling: with -2 and -3 present,
-    fresh=true would pick -3 again (a finished run's directory)."""
-    from framework.experiment import fresh_dir
-
-    run = tmp_path / "exp" / "trainer.seed=0"
-    for d in (run, run.with_name(run.name + "-3"), run.with_name(run.name + "-2")):
-        d.mkdir(parents=True)
-    assert fresh_dir(run) == run.with_name(run.name + "-4")
-
-
-def test_a_directory_with_checkpoints_or_another_finished_run(tmp_path):
-    """fresh=true starts anew beside a run that has checkpoints but no results yet; without
-    it, a finished run of another config is refused (not trained over), and a results.json
-    cut short is no finished run; mode=params and mode=eval use the directory as it is."""
-    from framework.cli import choose_run_dir, prepare_run_dir
-    from framework.experiment import write_results
-
-    cfg = compose_cfg([*OVERRIDES, "trainer.steps=2"])
-    run = tmp_path / "run"
-    run.mkdir()
-    save_checkpoint(run, 2, {"step": 2})
-    assert choose_run_dir({**cfg, "fresh": True}, run) == tmp_path / "run-2"
-    write_results(run, {"config_hash": "another"})
-    with pytest.raises(ConfigError, match="holds a finished run with another config; pass "
-                                          "fresh=true"):
-        choose_run_dir(cfg, run)
-    for mode in ("params", "eval"):
-        assert prepare_run_dir({**cfg, "mode": mode}, run) == run
-    (run / "results.json").write_text('{"config_hash": ')
-    assert choose_run_dir(cfg, run) == run
-
-
-def test_eval_with_evaluation_settings_finds_the_trained_run(tmp_path, monkeypatch, capsys):
-    """Evaluation settings on the command line (task.final_segments=2) name Hydra's
-    directory too: mode=eval evaluates the run of the same command without them (Hydra's
-    own name for the rest; leaving out as few as find a run, the training command may have
-    set some too), if it trained this config, and removes the empty directory Hydra made."""
-    from hydra._internal.config_loader_impl import get_overrides_dirname
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from omegaconf import OmegaConf
-
-    from framework import cli
-
-    exclude = ["exp", "mode"]
-    trained = ["+exp=mini_moe", "trainer.steps=30", "dataset.source=/d/x", "task.val_segments=1"]
-    evaluated = [*trained, "mode=eval", "task.final_segments=2"]
-    hydra_name = get_overrides_dirname(OverridesParser.create().parse_overrides(trained),
-                                       exclude, ",", "=")
-    one_out, both_out = cli.names_without_eval_settings(evaluated, exclude)
-    assert cli.dirname(hydra_name) in one_out and len(one_out) == 2 and len(both_out) == 1
-    assert cli.names_without_eval_settings(["+exp=mini_moe", "task.final_segments=2"],
-                                           exclude) == [[""]]
-    assert cli.names_without_eval_settings(trained[:3], exclude) == []
-
-    cfg = compose_cfg([*OVERRIDES, "trainer.steps=2"])
-    evaluate = {**cfg, "mode": "eval", "task": {**cfg["task"], "final_segments": 5}}
-    base = tmp_path / "runs" / "exp"  # the default run lives here itself: no overrides
-
-    def train(d, c=cfg):
-        d.mkdir(parents=True, exist_ok=True)
-        OmegaConf.save(OmegaConf.create(c), d / "config.yaml")
-        save_checkpoint(d, 2, {"step": 2})
-
-    train(base)
-    train(base / "task.val_segments=4")  # a run nested in it, another evaluation setting
-    train(base / "trainer.steps=3", {**cfg, "trainer": {**cfg["trainer"], "steps": 3}})
-    assert cli.pick_trained(evaluate, base, [[""]]) == base
-    assert cli.pick_trained(evaluate, base, [["trainer.steps=3"]]) is None  # trained else
-    assert cli.pick_trained(evaluate, base, [["nothing", ""], ["task.val_segments=4"]]) == base
-    assert cli.pick_trained(evaluate, base, [["", "task.val_segments=4"]]) is None  # no guess
-
-    asked = base / "task.final_segments=5"
-    asked.mkdir()
-    monkeypatch.chdir(tmp_path)  # removable_up_to: a single run's empty parents up to here
-    monkeypatch.setattr(cli, "trained_run_dir", lambda c, d: cli.pick_trained(c, base, [[""]]))
-    assert cli.prepare_run_dir(evaluate, asked) == base and not asked.exists()
-    assert f"mode=eval: evaluating the run in {base}" in capsys.readouterr().out
-    asked.mkdir()
-    (asked / "checkpoint_00000002.pt.bad").write_bytes(b"x")  # its own run, broken: said so
-    assert cli.prepare_run_dir(evaluate, asked) == asked
-
-
-def test_fresh_twice_after_a_finished_fresh_run_starts_a_third(tmp_path):
-    """The newest sibling finished (same config): fresh=true starts a new one, it does not
-    take that finished run up again."""
-    from omegaconf import OmegaConf
-
-    from framework.cli import choose_run_dir
-    from framework.experiment import config_hash, write_results
-
-    cfg = {**compose_cfg([*OVERRIDES, "trainer.steps=2"]), "fresh": True}
-    run = tmp_path / "run"
-    run.mkdir()
-    write_results(run, {"config_hash": config_hash(cfg)})
-    assert choose_run_dir(cfg, run) == tmp_path / "run-2"
-    OmegaConf.save(OmegaConf.create(cfg), tmp_path / "run-2" / "config.yaml")  # as lm_run
-    write_results(tmp_path / "run-2", {"config_hash": config_hash(cfg)})
-    assert choose_run_dir(cfg, run) == tmp_path / "run-3"

@@ -73,7 +73,7 @@ def test_checkpoint_holds_everything_needed(tmp_path):
 
 
 def test_eval_mode_reevaluates_the_last_checkpoint(tmp_path):
-    from framework.cli import choose_run_dir
+    from framework.run_dirs import choose_run_dir
 
     cfg = compose_cfg([*TINY, *TINY_MOE, "trainer.steps=3", "trainer.ckpt_every=3"])
     trained = RUN(cfg, tmp_path)
