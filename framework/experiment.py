@@ -170,8 +170,8 @@ def saved_config_matches(run_dir: Path, cfg: dict[str, Any]) -> bool | None:
 
 
 def _first_difference(path: Path, cfg: dict[str, Any]) -> str:
-    """", which has KEY=VALUE (this config: VALUE)" for the first key that names a run and
-    differs; "" where the file cannot be read."""
+    """The clause ', which has KEY=VALUE; this config: VALUE' for the first key that names
+    a run and differs; '' where the file cannot be read."""
     from omegaconf import OmegaConf
 
     try:
