@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import difflib
 import hashlib
+import os
 import re
 import shutil
 import sys
@@ -358,7 +359,12 @@ def handle_errors():
         if isinstance(e, (ConfigError, DataError, RegistryError, CheckpointError,
                           TrainingDiverged)) or is_environment_error(e):
             if job is None or not job[1]:
-                print(f"error: {e}", file=sys.stderr)
+                # under torchrun every rank reaches the same verdict: rank 0 says it (the
+                # others' copies came out glued to it); a rank's own trouble says its rank
+                rank = os.environ.get("RANK", "0")
+                if rank == "0" or not isinstance(e, (ConfigError, TrainingDiverged)):
+                    where = "" if rank == "0" else f"rank {rank}: "
+                    print(f"{where}error: {e}", file=sys.stderr)
                 sys.exit(1)
             report_failed_job(str(e), job[0], "the sweep goes on")
             return

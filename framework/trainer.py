@@ -373,8 +373,9 @@ class Trainer:
         """Ctrl-C: finish the step, checkpoint, stop; a second Ctrl-C stops at once."""
         self._signal = signum
         signal.signal(signal.SIGINT, signal.default_int_handler)
-        note("interrupted: stopping after this step with a checkpoint (Ctrl-C again to stop "
-             "at once, losing the steps since the last checkpoint)")
+        if self.is_main:  # a terminal's Ctrl-C reaches every rank: one line, not one a rank
+            note("interrupted: stopping after this step with a checkpoint (Ctrl-C again to "
+                 "stop at once, losing the steps since the last checkpoint)")
 
     def _preempted(self) -> bool:
         """Whether any rank got a preemption signal (collective under DDP: all agree)."""
@@ -397,8 +398,9 @@ class Trainer:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
         if self._signal is not None:  # checkpoint written: now let the signal do its job
-            note(f"{signal.Signals(self._signal).name} at step {self.step}: checkpoint written "
-                 f"in {self.run_dir}; rerun the same command to resume")
+            if self.is_main:
+                note(f"{signal.Signals(self._signal).name} at step {self.step}: checkpoint "
+                     f"written in {self.run_dir}; rerun the same command to resume")
             if self._signal == signal.SIGINT:
                 raise Interrupted
             signal.raise_signal(self._signal)

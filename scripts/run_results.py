@@ -204,6 +204,9 @@ def run_roots(given: list[Path] | None, default: Path) -> list[Path]:
     for root in given or ():
         if not root.is_dir():
             sys.exit(f"error: --runs {root} is not a directory")
+        if next(root.rglob("results.json"), None) is None:  # a wrong directory, or none yet
+            print(f"note: no finished run (results.json) under --runs {root}: the tables "
+                  f"below are empty for it", file=sys.stderr)
     if not given and not default.is_dir():
         print(f"note: no {default}/ in {Path.cwd()}; if runs exist elsewhere, point --runs at "
               f"their directory", file=sys.stderr)

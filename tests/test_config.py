@@ -332,6 +332,23 @@ def test_a_full_or_read_only_disk_is_one_line(monkeypatch, capsys):
             raise FileNotFoundError(errno.ENOENT, "No such file or directory", "/x")
 
 
+def test_under_torchrun_rank_0_says_what_every_rank_found(monkeypatch, capsys):
+    """Every rank reaches the same config verdict: rank 0 prints it, the others exit 1
+    silently (their copies came out glued to it); an error of a rank's own names its rank."""
+    from framework import cli
+    from framework.checkpoint import CheckpointError
+
+    monkeypatch.setattr(cli, "_sweep_job", lambda: None)
+    for rank, error, said in (("1", ConfigError("bad batch"), ""),
+                              ("0", ConfigError("bad batch"), "error: bad batch\n"),
+                              ("1", CheckpointError("disk"), "rank 1: error: disk\n")):
+        monkeypatch.setenv("RANK", rank)
+        with pytest.raises(SystemExit) as e:
+            with cli.handle_errors():
+                raise error
+        assert e.value.code == 1 and capsys.readouterr().err == said
+
+
 def test_a_backend_that_cannot_run_the_evaluation_stops_before_training(monkeypatch):
     """Evaluation runs in float32 (no autocast): grouped_mm on CUDA (bf16 only) trained,
     then failed at its first validation. Driven here with grouped_mm's CUDA rule."""

@@ -320,6 +320,10 @@ def test_runs_must_exist_unless_the_default(tmp_path, monkeypatch, capsys):
     (tmp_path / "runs").mkdir()
     paper_tables.main(["--exp-dir", "exp", "--table", "flops"])
     assert capsys.readouterr().err == ""
+    # given, but without a finished run under it (a wrong directory looks like none run yet)
+    paper_tables.main(["--exp-dir", "exp", "--table", "flops", "--runs", "runs"])
+    assert capsys.readouterr().err == ("note: no finished run (results.json) under --runs "
+                                       "runs: the tables below are empty for it\n")
 
 
 @pytest.mark.parametrize("argv, error", [

@@ -35,7 +35,7 @@ def test_loss_decreases_on_enwik_mini(tmp_path):
     assert curve[40] < curve[5], curve
     # held-out loss more than 1 nat below the uniform distribution over the 205 bytes
     assert res["valid"]["loss"] < math.log(205) - 1.0, res["valid"]
-    assert res["steps"] == 40 and res["metric"] == "bpc"
+    assert res["steps"] == 40 and res["metric"] == "bpc" and res["ranks"] == 1
     assert res["valid"]["bpc"] == pytest.approx(res["valid"]["loss"] / 0.6931471805599453)
     saved = json.loads((tmp_path / "results.json").read_text())
     assert saved["test"]["bpc"] == res["test"]["bpc"] and saved["n_params"] > 0
