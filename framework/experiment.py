@@ -51,6 +51,20 @@ def run_hashes(cfg: dict[str, Any]) -> tuple[str, ...]:
 EVAL_SETTINGS = ("ffn.backend", "task.eval_mem_segments", "task.eval_batch_size",
                  "task.val_segments", "task.final_segments")
 EVAL_FREE = (*VOLATILE, "name", "trainer", *EVAL_SETTINGS)
+# the dotted keys config_hash leaves out: those that never name a run
+NOT_IDENTITY = (*VOLATILE, *(f"trainer.{k}" for k in VOLATILE_TRAINER))
+
+
+def saved_config(run_dir: Path) -> dict[str, Any] | None:
+    """The config a training run started with in run_dir (its config.yaml); None where
+    there is none, or it is not a readable config."""
+    from omegaconf import OmegaConf
+
+    try:
+        saved = OmegaConf.to_container(OmegaConf.load(run_dir / "config.yaml"))
+    except (OSError, ValueError, yaml.YAMLError):  # missing, unreadable, not YAML
+        return None
+    return saved if isinstance(saved, dict) else None
 
 
 def under(key: str, prefixes: tuple[str, ...]) -> bool:
@@ -122,16 +136,8 @@ def read_results(run_dir: Path) -> dict[str, Any] | None:
 def trained_as(run_dir: Path, cfg: dict[str, Any]) -> bool:
     """Whether run_dir holds checkpoints of a run that trained `cfg` (its config.yaml), up to
     the evaluation settings (EVAL_SETTINGS) and the keys that never name a run."""
-    from omegaconf import OmegaConf
-
-    if not (run_dir / "config.yaml").is_file() or not list_checkpoints(run_dir):
-        return False
-    try:
-        saved = OmegaConf.to_container(OmegaConf.load(run_dir / "config.yaml"))
-    except (OSError, ValueError, yaml.YAMLError):
-        return False
-    free = (*VOLATILE, *(f"trainer.{k}" for k in VOLATILE_TRAINER), *EVAL_SETTINGS)
-    return isinstance(saved, dict) and not _differences(saved, cfg, free)
+    saved = saved_config(run_dir) if list_checkpoints(run_dir) else None
+    return saved is not None and not _differences(saved, cfg, (*NOT_IDENTITY, *EVAL_SETTINGS))
 
 
 def write_results(run_dir: Path, results: dict[str, Any], name: str = "results.json") -> Path:
@@ -157,31 +163,24 @@ def fresh_dir(run_dir: Path) -> Path:
 def saved_config_matches(run_dir: Path, cfg: dict[str, Any]) -> bool | None:
     """Whether the config a training run started with in run_dir (its config.yaml) is
     `cfg`; None where there is no config.yaml, False where it cannot be read."""
-    from omegaconf import OmegaConf
-
-    path = run_dir / "config.yaml"
-    if not path.is_file():
+    if not (run_dir / "config.yaml").is_file():
         return None
+    saved = saved_config(run_dir)
     try:
-        saved = OmegaConf.to_container(OmegaConf.load(path))
-        return config_hash(saved) in run_hashes(cfg)
-    except (OSError, ValueError, AttributeError, yaml.YAMLError):  # not a config of ours
+        return saved is not None and config_hash(saved) in run_hashes(cfg)
+    except AttributeError:  # a mapping, but not a config of ours
         return False
 
 
-def _first_difference(path: Path, cfg: dict[str, Any]) -> str:
-    """The clause ', which has KEY=VALUE; this config: VALUE' for the first key that names
-    a run and differs; '' where the file cannot be read."""
-    from omegaconf import OmegaConf
-
-    try:
-        saved = OmegaConf.to_container(OmegaConf.load(path))
-        free = (*VOLATILE, *(f"trainer.{k}" for k in VOLATILE_TRAINER))
-        key = _differences(saved, cfg, free)[0]
-    except (OSError, ValueError, AttributeError, IndexError, yaml.YAMLError):
+def _first_difference(run_dir: Path, cfg: dict[str, Any]) -> str:
+    """The clause ', which has KEY=VALUE; this config: VALUE' for the first key of run_dir's
+    config.yaml that names a run and differs; '' where there is none to show."""
+    saved = saved_config(run_dir)
+    diff = [] if saved is None else _differences(saved, cfg, NOT_IDENTITY)
+    if not diff:
         return ""
-    was, now = _flat(saved).get(key, "<unset>"), _flat(cfg).get(key, "<unset>")
-    return f", which has {key}={was}; this config: {now}"
+    was, now = _flat(saved).get(diff[0], "<unset>"), _flat(cfg).get(diff[0], "<unset>")
+    return f", which has {diff[0]}={was}; this config: {now}"
 
 
 def unfinished_fresh_run(run_dir: Path, cfg: dict[str, Any]) -> Path | None:
@@ -207,7 +206,7 @@ def start_blocker(run_dir: Path, cfg: dict[str, Any]) -> str | None:
     same = saved_config_matches(run_dir, cfg)
     if same is False:
         return (f"{run_dir} holds the start of a run with another config (its config.yaml"
-                f"{_first_difference(run_dir / 'config.yaml', cfg)}; no checkpoint, so "
+                f"{_first_difference(run_dir, cfg)}; no checkpoint, so "
                 f"deleting the directory loses nothing)")
     if same is None and (run_dir / "metrics.jsonl").exists():
         return f"{run_dir} holds the metrics.jsonl of another run (and no config.yaml)"

@@ -29,10 +29,9 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-if __name__ == "__main__":
-    from scripts.bench_common import exit_without_triton
+from scripts.bench_common import exit_without_triton  # noqa: E402
 
-    exit_without_triton("autotune_table.py")
+exit_without_triton(__name__, __file__)  # before Triton is imported
 
 from kernels.triton_launch import TUNED  # noqa: E402
 from scripts.bench_common import write_json  # noqa: E402

@@ -161,12 +161,14 @@ def case_record(device_name: str, args) -> dict:
             "dtype": args.dtype, "case": {k: getattr(args, k) for k in CASE_KEYS}}
 
 
-def exit_without_triton(script: str) -> None:
-    """For a script of Triton kernels, called before it imports Triton: one line and exit 1
-    where Triton does not import (macOS, Windows, an install without it)."""
+def exit_without_triton(module: str, path: str) -> None:
+    """For a script of Triton kernels, called with its __name__ and __file__ before it
+    imports Triton: run as a script (not imported), one line and exit 1 where Triton does
+    not import (macOS, Windows, an install without it)."""
     import kernels
 
-    if not kernels.HAS_TRITON:
+    if module == "__main__" and not kernels.HAS_TRITON:
+        script = Path(path).name
         sys.exit(f"error: {script} needs Triton, which does not import here "
                  f"({kernels.TRITON_ERROR}): run it on Linux, after `pip install triton`")
 

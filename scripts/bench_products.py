@@ -58,10 +58,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-if __name__ == "__main__":
-    from scripts.bench_common import exit_without_triton
+from scripts.bench_common import exit_without_triton  # noqa: E402
 
-    exit_without_triton("bench_products.py")
+exit_without_triton(__name__, __file__)  # before Triton is imported
 
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402

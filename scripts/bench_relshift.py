@@ -24,10 +24,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-if __name__ == "__main__":
-    from scripts.bench_common import exit_without_triton
+from scripts.bench_common import exit_without_triton  # noqa: E402
 
-    exit_without_triton("bench_relshift.py")
+exit_without_triton(__name__, __file__)  # before Triton is imported
 
 from kernels.triton_relshift import relshift_bias, relshift_bias_grad  # noqa: E402
 from models.attention import bd_width, position_bias, position_bias_grad  # noqa: E402
