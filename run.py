@@ -4,6 +4,7 @@ With no `+exp=`, the main job `+exp=mini_moe` runs. Errors a user can fix (confi
 missing data, bad checkpoints, divergence) end with one line and exit code 1.
 """
 import sys
+from contextlib import ExitStack
 from pathlib import Path
 
 import hydra
@@ -12,8 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from framework.cli import exit_if_jobs_failed, handle_errors, prepare_argv, removable_up_to
 from framework.config import check_top_level
-from framework.experiment import remove_if_empty
-from framework.run_dirs import prepare_run_dir
+from framework.run_dirs import prepare_run_dir, remove_if_empty
 
 prepare_argv(sys.argv)
 
@@ -28,12 +28,15 @@ def main(cfg: DictConfig):
         plain = OmegaConf.to_container(cfg, resolve=True)
         run_dir = Path(HydraConfig.get().runtime.output_dir)  # Hydra has created it
         try:
-            check_top_level(plain)
-            chosen = prepare_run_dir(plain, run_dir)
-            if chosen is None:  # already finished: nothing to do
-                return None
-            run_dir = chosen
-            return TASKS.get(plain["task"]["kind"])(plain, run_dir)
+            # a training run locks its directory until it ends (each job of a sweep in
+            # this process too), also when it fails
+            with ExitStack() as held:
+                check_top_level(plain)
+                chosen = prepare_run_dir(plain, run_dir, held)
+                if chosen is None:  # already finished: nothing to do
+                    return None
+                run_dir = chosen
+                return TASKS.get(plain["task"]["kind"])(plain, run_dir)
         finally:  # a failed start, or mode=params, wrote nothing: leave no empty dirs
             remove_if_empty(run_dir, removable_up_to())
 

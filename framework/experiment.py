@@ -10,7 +10,6 @@ from __future__ import annotations
 import glob
 import hashlib
 import json
-import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -212,18 +211,3 @@ def start_blocker(run_dir: Path, cfg: dict[str, Any]) -> str | None:
         return f"{run_dir} holds the metrics.jsonl of another run (and no config.yaml)"
     return None
 
-
-def remove_if_empty(run_dir: Path, up_to: Path | None = None) -> None:
-    """Remove a run directory that a failed start left empty (no fake-looking runs), and
-    its parents that are empty then, below `up_to` (the ones Hydra made for it)."""
-    d, stop = run_dir.resolve(), None if up_to is None else up_to.resolve()
-    while True:
-        try:
-            if not d.is_dir() or any(d.iterdir()):
-                return
-            os.rmdir(d)
-        except OSError:
-            return
-        d = d.parent
-        if stop is None or stop not in d.parents:
-            return

@@ -2,12 +2,27 @@
 a fresh=true sibling, or, for mode=eval with evaluation settings on the command line, the
 directory the same command without them trained in. What a directory holds decides
 (framework/experiment.py): a finished run is not retrained, another config's run is not
-trained over."""
+trained over. While a run trains, its directory is locked (`hold_run_dir`): a second
+process started on it (the same command in another terminal, a resubmitted Slurm job) stops
+instead of writing checkpoints and metrics.jsonl into the same directory."""
 from __future__ import annotations
 
+import errno
+import functools
 import itertools
+import os
+import socket
+import sys
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
+
+try:
+    import fcntl
+except ImportError:  # Windows: no flock, runs are not locked
+    fcntl = None
 
 from framework.checkpoint import list_broken, list_checkpoints
 from framework.cli import dirname, removable_up_to
@@ -16,7 +31,6 @@ from framework.experiment import (
     EVAL_SETTINGS,
     fresh_dir,
     read_results,
-    remove_if_empty,
     run_hashes,
     start_blocker,
     trained_as,
@@ -24,12 +38,97 @@ from framework.experiment import (
     unfinished_fresh_run,
 )
 
+LOCK = ".lock"  # in a run directory: flock'ed while a run trains there (hold_run_dir)
 
-def prepare_run_dir(cfg: dict[str, Any], run_dir: Path) -> Path | None:
+
+class RunDirInUse(ConfigError):
+    """Another process holds the run directory's lock: a run trains there now."""
+
+
+@functools.cache
+def _note_unlocked(why: str) -> None:
+    print(f"note: run directories are not locked here ({why}): nothing stops a second run "
+          f"of the same command from training in the same directory", file=sys.stderr)
+
+
+@contextmanager
+def hold_run_dir(run_dir: Path) -> Iterator[None]:
+    """Hold run_dir's lock (an exclusive flock on run_dir/.lock, whose text names the
+    holder) until the block ends; RunDirInUse if another process holds it. Where there is no
+    flock (Windows; a network file system without it, e.g. Lustre without -o flock) the run
+    goes on unlocked. The lock file stays (but in an empty directory: remove_if_empty):
+    removing it would let a third process lock a new file while the second holds the old."""
+    if fcntl is None:
+        _note_unlocked("no fcntl.flock on this system")
+        yield
+        return
+    try:
+        fd = os.open(run_dir / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError:  # an unwritable directory: check_writable says so before any training
+        yield
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+        holder = os.read(fd, 300).decode(errors="replace").strip() or "it has not said who"
+        os.close(fd)
+        if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            _note_unlocked(f"flock: {e.strerror}")
+            yield
+            return
+        raise RunDirInUse(f"{run_dir} is in use by another run ({holder}): wait for it to "
+                          f"finish or stop it; fresh=true starts a new run beside it"
+                          ) from None
+    try:
+        try:
+            since = datetime.now(timezone.utc).isoformat(timespec="seconds")
+            os.ftruncate(fd, 0)
+            os.write(fd, f"pid {os.getpid()} on {socket.gethostname()} since {since}\n"
+                     .encode())
+        except OSError:  # a full disk: the lock holds, the error cannot name its holder
+            pass
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _take(run_dir: Path, held: ExitStack) -> RunDirInUse | None:
+    """Hold run_dir's lock in `held`; or the error naming the run that holds it."""
+    try:
+        held.enter_context(hold_run_dir(run_dir))
+    except RunDirInUse as e:
+        return e
+    return None
+
+
+def remove_if_empty(run_dir: Path, up_to: Path | None = None) -> None:
+    """Remove a run directory that a failed start left empty (no fake-looking runs), and
+    its parents that are empty then, below `up_to` (the ones Hydra made for it). A lock file
+    alone is nothing, unless a run holds it (it has just started there)."""
+    d, stop = run_dir.resolve(), None if up_to is None else up_to.resolve()
+    while True:
+        try:
+            if not d.is_dir() or {p.name for p in d.iterdir()} - {LOCK}:
+                return
+            if (d / LOCK).exists():
+                with hold_run_dir(d):
+                    (d / LOCK).unlink()
+                    os.rmdir(d)
+            else:
+                os.rmdir(d)
+        except (OSError, RunDirInUse):
+            return
+        d = d.parent
+        if stop is None or stop not in d.parents:
+            return
+
+
+def prepare_run_dir(cfg: dict[str, Any], run_dir: Path, held: ExitStack | None = None
+                    ) -> Path | None:
     """The run directory for this config (Hydra's `run_dir`, or a fresh=true sibling), or
     None if this exact run already finished. mode=eval with evaluation settings among the
     overrides (task.final_segments=2, ...): the trained run's directory
-    (`trained_run_dir`)."""
+    (`trained_run_dir`). Training holds its directory's lock in `held` (choose_run_dir)."""
     mode = cfg.get("mode", "train")
     if mode == "eval" and not list_checkpoints(run_dir) and not list_broken(run_dir):
         trained = trained_run_dir(cfg, run_dir)
@@ -40,7 +139,7 @@ def prepare_run_dir(cfg: dict[str, Any], run_dir: Path) -> Path | None:
             return trained
     if mode != "train":
         return run_dir
-    return choose_run_dir(cfg, run_dir)
+    return choose_run_dir(cfg, run_dir, held)
 
 
 def names_without_eval_settings(overrides: list[str], exclude_keys: list[str],
@@ -88,10 +187,13 @@ def pick_trained(cfg: dict[str, Any], base: Path, candidates: list[list[str]]
     return None
 
 
-def choose_run_dir(cfg: dict[str, Any], run_dir: Path) -> Path | None:
+def choose_run_dir(cfg: dict[str, Any], run_dir: Path, held: ExitStack | None = None
+                   ) -> Path | None:
     """Where a training run goes (None: it already finished). Under several processes
     (torchrun, Slurm) rank 0 decides, and creates a fresh=true directory, then tells the
-    others: deciding alone, each rank would take the next free sibling for itself."""
+    others: deciding alone, each rank would take the next free sibling for itself. Rank 0
+    also locks the directory (hold_run_dir; the ranks share it) until `held` closes
+    (run.py: when the run ends); without `held`, on return."""
     from framework.distributed import broadcast_from_main, init_distributed
     from framework.trainer import resolve_device
 
@@ -99,7 +201,10 @@ def choose_run_dir(cfg: dict[str, Any], run_dir: Path) -> Path | None:
     decision: tuple[str | None, str | None] = (None, None)
     if info.is_main:
         try:
-            chosen = _choose_run_dir(cfg, run_dir)
+            with ExitStack() as mine:
+                chosen = _choose_run_dir(cfg, run_dir, mine)
+                if held is not None:
+                    held.enter_context(mine.pop_all())
             decision = (None if chosen is None else str(chosen), None)
         except Exception as e:  # every rank must stop, not wait for rank 0's answer
             decision = (None, str(e) if isinstance(e, (ConfigError, OSError)) else
@@ -110,32 +215,54 @@ def choose_run_dir(cfg: dict[str, Any], run_dir: Path) -> Path | None:
     return None if chosen is None else Path(chosen)
 
 
-def _choose_run_dir(cfg: dict[str, Any], run_dir: Path) -> Path | None:
-    done = read_results(run_dir)
-    started = done is not None or list_checkpoints(run_dir)
-    blocker = None if started else start_blocker(run_dir, cfg)
-    if cfg.get("fresh") and (started or blocker):
-        if (again := unfinished_fresh_run(run_dir, cfg)) is not None:
-            print(f"fresh=true: {run_dir} is kept; resuming the unfinished run that an "
-                  f"earlier fresh=true started in {again}")
-            return again
-        new = fresh_dir(run_dir)
-        print(f"fresh=true: {run_dir} is kept; starting a new run in {new}")
-        new.mkdir(parents=True)
-        return new
-    if done is not None:
-        if done.get("config_hash") in run_hashes(cfg):
-            metric = done.get("metric", "loss")
-            try:
-                numbers = (f": valid {metric} {done['valid'][metric]:.4f}, test {metric} "
-                           f"{done['test'][metric]:.4f}")
-            except (KeyError, TypeError, ValueError):  # an edited or foreign results.json
-                numbers = ""
-            print(f"this run already finished{numbers}; results in "
-                  f"{run_dir / 'results.json'} (fresh=true starts a new run)")
-            return None
-        blocker = f"{run_dir} holds a finished run with another config"
-    if blocker:
-        raise ConfigError(f"{blocker}; pass fresh=true (a new sibling directory) or choose "
-                          f"another directory (hydra.run.dir; in a sweep, hydra.sweep.dir)")
-    return run_dir
+def _choose_run_dir(cfg: dict[str, Any], run_dir: Path, held: ExitStack) -> Path | None:
+    """choose_run_dir in one process; the lock of the directory it returns goes to `held`."""
+    with ExitStack() as mine:
+        in_use = _take(run_dir, mine)
+        done = read_results(run_dir)
+        started = done is not None or list_checkpoints(run_dir)
+        # in use: what it holds is the running run's (before its first checkpoint)
+        blocker = None if started or in_use else start_blocker(run_dir, cfg)
+        if cfg.get("fresh") and (started or blocker or in_use):
+            mine.close()  # the new run goes beside it: run_dir stays free to resume
+            return _fresh_run_dir(cfg, run_dir, held)
+        if done is not None:
+            if done.get("config_hash") in run_hashes(cfg):
+                _say_finished(done, run_dir)
+                return None
+            blocker = f"{run_dir} holds a finished run with another config"
+        if blocker:
+            raise ConfigError(f"{blocker}; pass fresh=true (a new sibling directory) or "
+                              f"choose another directory (hydra.run.dir; in a sweep, "
+                              f"hydra.sweep.dir)")
+        if in_use:
+            raise in_use
+        held.enter_context(mine.pop_all())
+        return run_dir
+
+
+def _say_finished(done: dict[str, Any], run_dir: Path) -> None:
+    metric = done.get("metric", "loss")
+    try:
+        numbers = (f": valid {metric} {done['valid'][metric]:.4f}, test {metric} "
+                   f"{done['test'][metric]:.4f}")
+    except (KeyError, TypeError, ValueError):  # an edited or foreign results.json
+        numbers = ""
+    print(f"this run already finished{numbers}; results in {run_dir / 'results.json'} "
+          f"(fresh=true starts a new run)")
+
+
+def _fresh_run_dir(cfg: dict[str, Any], run_dir: Path, held: ExitStack) -> Path:
+    """fresh=true beside run_dir: the unfinished run an earlier fresh=true started, unless
+    it trains now; else a new sibling."""
+    again = unfinished_fresh_run(run_dir, cfg)
+    if again is not None and _take(again, held) is None:
+        print(f"fresh=true: {run_dir} is kept; resuming the unfinished run that an earlier "
+              f"fresh=true started in {again}")
+        return again
+    new = fresh_dir(run_dir)
+    busy = "" if again is None else f" ({again} is in use by another run)"
+    print(f"fresh=true: {run_dir} is kept; starting a new run in {new}{busy}")
+    new.mkdir(parents=True)
+    held.enter_context(hold_run_dir(new))
+    return new

@@ -2,8 +2,13 @@
 evaluates in, and what it refuses. A finished run is not retrained; fresh=true starts a
 sibling and its rerun resumes that one; checkpoints or a start of another config are not
 trained over; an earlier version's config hash is still this run's; mode=eval finds the run
-its command trained (tests/test_faults.py: the faults themselves)."""
+its command trained; a directory a run trains in now is locked (tests/test_faults.py: the
+faults themselves)."""
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -36,8 +41,8 @@ def test_a_directory_another_run_started_in_is_not_taken_over(tmp_path):
     (run / "config.yaml").unlink()
     with pytest.raises(ConfigError, match="holds the metrics.jsonl of another run"):
         choose_run_dir(cfg, run)
-    assert {p.name: p.read_bytes() for p in run.iterdir()} == {"metrics.jsonl": before[
-        "metrics.jsonl"]}
+    assert {p.name: p.read_bytes() for p in run.iterdir() if p.name != ".lock"} == {
+        "metrics.jsonl": before["metrics.jsonl"]}  # (.lock: hold_run_dir's, while it chose)
     assert choose_run_dir({**cfg, "fresh": True}, run) == tmp_path / "run-2"
     # an earlier start of this config: its rows go, the new run's are the record
     OmegaConf.save(OmegaConf.create(cfg), run / "config.yaml")
@@ -218,3 +223,104 @@ def test_fresh_twice_after_a_finished_fresh_run_starts_a_third(tmp_path):
     OmegaConf.save(OmegaConf.create(cfg), tmp_path / "run-2" / "config.yaml")  # as lm_run
     write_results(tmp_path / "run-2", {"config_hash": config_hash(cfg)})
     assert choose_run_dir(cfg, run) == tmp_path / "run-3"
+
+
+ROOT = Path(__file__).resolve().parent.parent
+# Another process that holds a run directory's lock (as a run training there) until its
+# stdin closes.
+HOLDER = """
+import sys
+from pathlib import Path
+from framework.run_dirs import hold_run_dir
+with hold_run_dir(Path(sys.argv[1])):
+    print("held", flush=True)
+    sys.stdin.read()
+"""
+
+
+def hold_elsewhere(run_dir: Path) -> subprocess.Popen:
+    proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(run_dir)], cwd=ROOT,
+                            text=True, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    assert proc.stdout.readline() == "held\n", proc.communicate()
+    return proc
+
+
+def release(proc: subprocess.Popen) -> None:
+    proc.communicate(timeout=30)
+    assert proc.returncode == 0
+
+
+def test_a_directory_a_run_trains_in_now_is_not_trained_in_twice(tmp_path, capsys):
+    """A second process on a run directory whose run trains now (its config.yaml, no
+    checkpoint yet) stops with one line naming the holder, and leaves the directory; fresh=true
+    goes beside it, and past a fresh=true sibling that trains now too. The lock is held
+    until the caller's `held` closes, then another process takes it."""
+    from contextlib import ExitStack
+
+    from omegaconf import OmegaConf
+
+    from framework.run_dirs import choose_run_dir, remove_if_empty
+
+    cfg = compose_cfg([*OVERRIDES, "trainer.steps=2"])
+    run = tmp_path / "run"
+    run.mkdir()
+    OmegaConf.save(OmegaConf.create(cfg), run / "config.yaml")  # as lm_run, at its start
+    other = hold_elsewhere(run)
+    try:
+        with pytest.raises(ConfigError, match=(
+                rf"^{run} is in use by another run \(pid {other.pid} on \S+ since "
+                rf"\d{{4}}-\S+\+00:00\): wait for it to finish or stop it; fresh=true starts "
+                rf"a new run beside it$")):
+            choose_run_dir(cfg, run)
+        with ExitStack() as held:
+            assert choose_run_dir({**cfg, "fresh": True}, run, held) == tmp_path / "run-2"
+            OmegaConf.save(OmegaConf.create(cfg), tmp_path / "run-2" / "config.yaml")
+            assert choose_run_dir({**cfg, "fresh": True}, run) == tmp_path / "run-3"
+            assert "(" + str(tmp_path / "run-2") + " is in use by another run)" in (
+                capsys.readouterr().out)
+        remove_if_empty(tmp_path / "run-3")  # a .lock no run holds: an empty directory
+        assert not (tmp_path / "run-3").exists()
+        # the failed start's cleanup (run.py) must not take the directory from under it
+        (run / "config.yaml").unlink()
+        remove_if_empty(run)
+        assert sorted(p.name for p in run.iterdir()) == [".lock"]
+        after = hold_elsewhere(tmp_path / "run-2")  # released when `held` closed
+        release(after)
+    finally:
+        release(other)
+    assert choose_run_dir(cfg, run) == run
+    remove_if_empty(run)
+    assert not run.exists()
+
+
+def test_runs_are_not_locked_where_flock_is_not_supported(tmp_path, monkeypatch, capsys):
+    """A network file system without flock (ENOLCK, ENOTSUP): the run goes on unlocked, with
+    one note however many directories it locks."""
+    import errno
+
+    from framework import run_dirs
+
+    def unsupported(fd, op):
+        raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
+
+    monkeypatch.setattr(run_dirs.fcntl, "flock", unsupported)
+    run_dirs._note_unlocked.cache_clear()
+    for _ in range(2):
+        with run_dirs.hold_run_dir(tmp_path):
+            pass
+    assert capsys.readouterr().err.count("note: run directories are not locked here") == 1
+    run_dirs._note_unlocked.cache_clear()
+
+
+def test_each_job_of_a_sweep_in_one_process_releases_its_lock(tmp_path):
+    """The basic launcher runs the jobs one after another in one process: a job that fails
+    after taking its directory's lock releases it, or the next job in that directory would
+    find it "in use"."""
+    args = ["-m", "+exp=mini_moe", *OVERRIDES, "hydra/launcher=basic",
+            f"hydra.sweep.dir={tmp_path}", "hydra.sweep.subdir=same", "task.context=0,-1"]
+    proc = subprocess.run([sys.executable, "run.py", *args], cwd=ROOT,
+                          text=True, capture_output=True, timeout=120)
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stderr.count("task.batch_size, task.context and task.eval_batch_size must "
+                             "be >= 1") == 2, proc.stderr
+    assert "in use" not in proc.stderr and not (tmp_path / "same").exists()
