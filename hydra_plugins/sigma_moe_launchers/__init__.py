@@ -7,7 +7,8 @@ end, and the later jobs' outcomes never read. These launchers wait for every job
 the exit code to run.py (`framework.cli.exit_if_jobs_failed`), as a sweep under the basic
 launcher does. A job that fails ends its log with such a line (framework.cli's
 handle_errors). While they wait they show the sweep's progress: a bar on a terminal, a
-`done i/N: <overrides>` line per finished job in a log file.
+`done i/N: <overrides>` line per finished job in a log file. A Ctrl-C stops the local jobs
+with a checkpoint (local_controller.py says how).
 
 Hydra instantiates launchers from the `hydra_plugins` namespace package only, hence this
 package; it registers their configs as `slurm_base` and `local_base`, which
@@ -16,9 +17,12 @@ discovery), so it imports nothing heavy at the top.
 """
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +30,8 @@ from hydra.core.config_store import ConfigStore
 from hydra.core.utils import JobReturn, JobStatus, filter_overrides
 from hydra_plugins.hydra_submitit_launcher import submitit_launcher as plugin
 from hydra_plugins.hydra_submitit_launcher.config import LocalQueueConf, SlurmQueueConf
+
+from hydra_plugins.sigma_moe_launchers.local_controller import LAUNCHER_PID
 
 TAIL_BYTES = 1 << 16  # of a log, enough for its last lines (training logs can be long)
 
@@ -139,6 +145,12 @@ class _ReportEachJob(plugin.BaseSubmititLauncher):
 
     def launch(self, job_overrides: Sequence[Sequence[str]],
                initial_job_idx: int) -> Sequence[JobReturn]:
+        return self._launch(job_overrides, initial_job_idx, stop_jobs=lambda: None)
+
+    def _launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int,
+                stop_jobs: Callable[[], None]) -> Sequence[JobReturn]:
+        """The plugin's launch; after a Ctrl-C, `stop_jobs()` (Slurm's keep running).
+        Nothing of it is kept on `self`: submitit pickles the launcher into every job."""
         from unittest import mock
 
         import submitit
@@ -162,6 +174,7 @@ class _ReportEachJob(plugin.BaseSubmititLauncher):
                 returns = super().launch(job_overrides, initial_job_idx)
         except KeyboardInterrupt:  # one line, not the traceback of submitit's wait loop
             sweep.close()
+            stop_jobs()
             ids = sorted({str(s.job.job_id).split("_")[0] for s in sweep.jobs})
             running = (f"the Slurm jobs keep running (scancel {' '.join(ids)} stops them); "
                        if self._EXECUTOR == "slurm" and ids else "")
@@ -175,8 +188,65 @@ class SlurmLauncher(_ReportEachJob, plugin.SlurmLauncher):
     POLL_S = 10.0  # a look is a stat of each job's result file, on a network file system
 
 
+class _ControllerStarter:
+    """`subprocess` as submitit.local.local's start_controller sees it while the local
+    launcher submits: a job's controller is local_controller.py, in a session of its own.
+    A command it does not know (a `setup` shell line, another submitit) starts as before."""
+
+    COMMAND = ["-m", "submitit.local._local"]  # [python, *COMMAND, folder] (submitit 1.5)
+
+    def __init__(self):
+        self.started: list[subprocess.Popen] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(subprocess, name)
+
+    def Popen(self, cmd: Any, **kwargs: Any) -> subprocess.Popen:  # noqa: N802 (subprocess's)
+        if not (isinstance(cmd, list) and len(cmd) == 4 and cmd[1:3] == self.COMMAND):
+            return subprocess.Popen(cmd, **kwargs)
+        script = str(Path(__file__).with_name("local_controller.py"))
+        env = {**(kwargs.pop("env", None) or os.environ), LAUNCHER_PID: str(os.getpid())}
+        proc = subprocess.Popen([cmd[0], script, cmd[3]], env=env, start_new_session=True,
+                                **kwargs)
+        self.started.append(proc)
+        return proc
+
+    def interrupt(self) -> list[subprocess.Popen]:
+        """SIGINT to every running job's processes. -> those jobs."""
+        running = [p for p in self.started if p.poll() is None]
+        for proc in running:
+            try:
+                os.killpg(proc.pid, signal.SIGINT)
+            except ProcessLookupError:  # ended meanwhile
+                pass
+        return running
+
+    def stop(self) -> None:
+        """After a Ctrl-C: pass it on to the running jobs and wait for them to checkpoint and
+        stop; a second Ctrl-C passes on too (they stop at once), and ends the wait."""
+        running = self.interrupt()
+        if not running:
+            return
+        print(f"interrupted: the {len(running)} running job(s) finish their step, write a "
+              f"checkpoint and stop (Ctrl-C again stops them at once, losing their steps "
+              f"since the last checkpoint)", file=sys.stderr)
+        try:
+            while any(p.poll() is None for p in running):
+                time.sleep(0.2)
+        except KeyboardInterrupt:
+            self.interrupt()
+
+
 class LocalLauncher(_ReportEachJob, plugin.LocalLauncher):
-    pass
+    def launch(self, job_overrides: Sequence[Sequence[str]],
+               initial_job_idx: int) -> Sequence[JobReturn]:
+        from unittest import mock
+
+        from submitit.local import local
+
+        controllers = _ControllerStarter()
+        with mock.patch.object(local, "subprocess", controllers):
+            return self._launch(job_overrides, initial_job_idx, stop_jobs=controllers.stop)
 
 
 for name, conf in (("slurm_base", SlurmQueueConf(_target_=f"{__name__}.SlurmLauncher")),
