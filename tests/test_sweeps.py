@@ -52,6 +52,7 @@ def test_sweep_files_are_up_to_date():
 def test_sweep_runs_its_table_under_the_local_launcher(table):
     cfg = compose_sweep(table, "hydra/launcher=local")
     assert cfg.hydra.launcher._target_ == LOCAL
+    assert cfg.hydra.launcher.timeout_min >= 60 * 24 * 365  # no limit: no timed-out runs
     assert cfg.sweep_name == table
     assert OmegaConf.select(cfg, "hydra.sweep.dir") == f"runs/sweeps/{table}"
     expected = paper_tables()[table]

@@ -190,13 +190,20 @@ class SlurmLauncher(_ReportEachJob, plugin.SlurmLauncher):
 
 class _ControllerStarter:
     """`subprocess` as submitit.local.local's start_controller sees it while the local
-    launcher submits: a job's controller is local_controller.py, in a session of its own.
-    A command it does not know (a `setup` shell line, another submitit) starts as before."""
+    launcher submits: a job's controller is local_controller.py, in a session of its own
+    (with SIGINT blocked until it can take one). A command it does not know (a `setup`
+    shell line, another submitit) starts as before.
+
+    Each job gets the CPU cores split between the jobs (OMP_NUM_THREADS, unless set): with
+    a thread a core each, jobs that share the cores run many times slower than alone."""
 
     COMMAND = ["-m", "submitit.local._local"]  # [python, *COMMAND, folder] (submitit 1.5)
 
-    def __init__(self):
+    def __init__(self, n_jobs: int):
         self.started: list[subprocess.Popen] = []
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
+            os.cpu_count() or 1)
+        self.threads = str(max(1, cores // max(1, n_jobs)))
 
     def __getattr__(self, name: str) -> Any:
         return getattr(subprocess, name)
@@ -205,10 +212,17 @@ class _ControllerStarter:
         if not (isinstance(cmd, list) and len(cmd) == 4 and cmd[1:3] == self.COMMAND):
             return subprocess.Popen(cmd, **kwargs)
         script = str(Path(__file__).with_name("local_controller.py"))
-        env = {**(kwargs.pop("env", None) or os.environ), LAUNCHER_PID: str(os.getpid())}
-        proc = subprocess.Popen([cmd[0], script, cmd[3]], env=env, start_new_session=True,
-                                **kwargs)
-        self.started.append(proc)
+        env = {"OMP_NUM_THREADS": self.threads, **(kwargs.pop("env", None) or os.environ),
+               LAUNCHER_PID: str(os.getpid())}
+        # the child inherits the blocked SIGINT; a Ctrl-C meanwhile waits for the unblocking
+        # here, when the job is in `started` (to be passed on)
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        try:
+            proc = subprocess.Popen([cmd[0], script, cmd[3]], env=env,
+                                    start_new_session=True, **kwargs)
+            self.started.append(proc)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         return proc
 
     def interrupt(self) -> list[subprocess.Popen]:
@@ -244,7 +258,7 @@ class LocalLauncher(_ReportEachJob, plugin.LocalLauncher):
 
         from submitit.local import local
 
-        controllers = _ControllerStarter()
+        controllers = _ControllerStarter(len(job_overrides))
         with mock.patch.object(local, "subprocess", controllers):
             return self._launch(job_overrides, initial_job_idx, stop_jobs=controllers.stop)
 

@@ -7,9 +7,12 @@ checkpoint, stops at once instead and loses its steps since the last checkpoint.
 launcher (`LocalLauncher`) starts this controller in a session of its own, out of reach of
 the terminal's Ctrl-C, and passes each Ctrl-C on to the job's process group: the tasks get
 one SIGINT per Ctrl-C (the first: checkpoint and stop; the second: stop at once), and this
-controller ignores its own copy and waits for them to end. Should the launcher die (killed,
-or its terminal closed), the tasks get one SIGINT: they checkpoint and stop rather than run
-on unseen.
+controller only notes its own copy. Should the launcher die (killed, or its terminal
+closed), the tasks get one SIGINT: they checkpoint and stop rather than run on unseen.
+
+The launcher starts it with SIGINT blocked, so that a Ctrl-C while Python starts waits
+(pending) for `main`'s handler: one before the tasks start stops the job there, one while
+they start reaches those that missed it.
 
 Run as a script (`python local_controller.py <submitit folder>`) so that it imports nothing
 of this project: the job's environment comes from submitit (start_controller).
@@ -21,29 +24,41 @@ import threading
 import time
 from pathlib import Path
 
-LAUNCHER_PID = "SIGMA_MOE_LAUNCHER_PID"  # env: the process whose death stops the job
+LAUNCHER_PID = "SIGMA_MOE_LAUNCHER_PID"  # env: the parent whose death stops the job
 
 
-def stop_when_gone(pid: int, poll_s: float = 1.0) -> None:
-    """Send this process group one SIGINT once process `pid` has ended."""
-    while True:
+def stop_when_orphaned(launcher: int, poll_s: float = 1.0) -> None:
+    """Send this process group one SIGINT once the launcher has died (its children then
+    have another parent; a dead but unreaped launcher still counts as dead)."""
+    while os.getppid() == launcher:
         time.sleep(poll_s)
-        try:
-            os.kill(pid, 0)
-        except (ProcessLookupError, PermissionError):  # gone (or its pid another user's)
-            os.killpg(os.getpgrp(), signal.SIGINT)
-            return
+    os.killpg(os.getpgrp(), signal.SIGINT)
 
 
 def main(folder: str) -> None:
+    # at each SIGINT, how many tasks had started: those got it too (the job's process group)
+    interrupts: list[int] = []
+    controller = None
+    signal.signal(signal.SIGINT, lambda signum, frame: interrupts.append(
+        len(controller.tasks) if controller is not None else 0))
+    # A handler, not SIG_IGN: the tasks would inherit SIG_IGN, and so not see a Ctrl-C.
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     from submitit.local.local import Controller
 
-    # A handler, not SIG_IGN: the tasks would inherit SIG_IGN, and so not see a Ctrl-C.
-    signal.signal(signal.SIGINT, lambda signum, frame: None)
+    class Interruptible(Controller):
+        def start_tasks(self) -> None:
+            if interrupts:  # stopped before it started: nothing to checkpoint
+                raise SystemExit(128 + signal.SIGINT)
+            super().start_tasks()
+            for started in interrupts:  # a Ctrl-C while they started: to those that missed it
+                for task in self.tasks[started:]:
+                    task.send_signal(signal.SIGINT)
+
     launcher = int(os.environ.get(LAUNCHER_PID, "0"))
     if launcher:
-        threading.Thread(target=stop_when_gone, args=(launcher,), daemon=True).start()
-    Controller(Path(folder)).run()
+        threading.Thread(target=stop_when_orphaned, args=(launcher,), daemon=True).start()
+    controller = Interruptible(Path(folder))
+    controller.run()
 
 
 if __name__ == "__main__":

@@ -1,0 +1,100 @@
+"""The local sweep jobs' controller (hydra_plugins/sigma_moe_launchers/local_controller.py):
+each Ctrl-C the launcher passes on reaches a job's task exactly once, one before the task
+starts stops the job there (without a traceback), and a launcher that dies stops its jobs.
+A stand-in task counts the SIGINTs it gets (tests/test_sweeps.py: real training jobs)."""
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from unittest import mock
+
+from submitit.local import local
+
+from hydra_plugins.sigma_moe_launchers import _ControllerStarter
+
+ROOT = Path(__file__).resolve().parent.parent
+# a job's task: says it is up, then counts the SIGINTs that come within a second of the first
+TASK = """
+import signal, sys, time
+from pathlib import Path
+out = Path(sys.argv[1])
+got = []
+signal.signal(signal.SIGINT, lambda *a: got.append(1))
+out.with_suffix(".up").write_text("")
+while not got:
+    time.sleep(0.05)
+time.sleep(1.0)
+out.write_text(str(len(got)))
+"""
+
+
+def start(folder: Path, starter: _ControllerStarter) -> subprocess.Popen:
+    """A job as the local launcher starts it: submitit's start_controller, our controller."""
+    command = subprocess.list2cmdline([sys.executable, "-c", TASK, str(folder / "count")])
+    with mock.patch.object(local, "subprocess", starter):
+        return local.start_controller(folder=folder, command=command, timeout_min=5)
+
+
+def wait_for(path: Path, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert time.monotonic() < deadline, f"no {path.name}"
+        time.sleep(0.05)
+
+
+def test_each_ctrl_c_reaches_the_task_once(tmp_path):
+    """submitit's own controller would send a second SIGINT and then SIGKILL."""
+    starter = _ControllerStarter(n_jobs=1)
+    job = start(tmp_path, starter)
+    wait_for(tmp_path / "count.up")
+    assert starter.interrupt() == [job]
+    assert job.wait(timeout=30) == 0
+    assert (tmp_path / "count").read_text() == "1"
+
+
+def test_a_ctrl_c_before_the_task_starts_stops_the_job_quietly(tmp_path, capfd):
+    """The controller starts with SIGINT blocked: a Ctrl-C at once is no traceback of
+    Python's start, and no task starts after it."""
+    starter = _ControllerStarter(n_jobs=1)
+    job = start(tmp_path, starter)
+    starter.interrupt()
+    assert job.wait(timeout=30) == 128 + signal.SIGINT
+    assert not (tmp_path / "count.up").exists()
+    assert "Traceback" not in capfd.readouterr().err
+
+
+def test_a_job_whose_launcher_dies_is_stopped_once(tmp_path):
+    launcher = f"""
+import sys, time
+from pathlib import Path
+sys.path.insert(0, {str(ROOT)!r})
+from tests.test_local_controller import _ControllerStarter, start, wait_for
+folder = Path({str(tmp_path)!r})
+print(start(folder, _ControllerStarter(n_jobs=1)).pid, flush=True)
+wait_for(folder / "count.up")
+"""  # and dies, leaving its job
+    out = subprocess.run([sys.executable, "-c", launcher], capture_output=True, text=True,
+                         timeout=60, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    wait_for(tmp_path / "count")
+    assert (tmp_path / "count").read_text() == "1"
+    deadline = time.monotonic() + 30
+    while alive(int(out.stdout)):  # the controller ends with its task
+        assert time.monotonic() < deadline, "the controller runs on"
+        time.sleep(0.1)
+
+
+def alive(pid: int) -> bool:
+    """Running (not a zombie that no one reaps: PID 1 of a container may not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in "ZX"
+    except FileNotFoundError:
+        return False
+
+
+def test_the_jobs_share_the_cores():
+    cores = len(os.sched_getaffinity(0))
+    assert _ControllerStarter(n_jobs=1).threads == str(cores)
+    assert _ControllerStarter(n_jobs=10 * cores).threads == "1"
