@@ -21,13 +21,14 @@ prepare_argv(sys.argv)
 @hydra.main(version_base=None, config_path="configs", config_name="config")
 def main(cfg: DictConfig):
     with handle_errors():
-        from framework.loggers import console_logging
-        from tasks import TASKS
-
-        console_logging()
         plain = OmegaConf.to_container(cfg, resolve=True)
         run_dir = Path(HydraConfig.get().runtime.output_dir)  # Hydra has created it
         try:
+            # imported here (seconds: torch), so that a Ctrl-C meanwhile leaves no empty dir
+            from framework.loggers import console_logging
+            from tasks import TASKS
+
+            console_logging()
             # a training run locks its directory until it ends (each job of a sweep in
             # this process too), also when it fails
             with ExitStack() as held:

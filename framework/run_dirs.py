@@ -64,9 +64,16 @@ def hold_run_dir(run_dir: Path) -> Iterator[None]:
         return
     try:
         fd = os.open(run_dir / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
-    except OSError:  # an unwritable directory: check_writable says so before any training
-        yield
-        return
+    except OSError:
+        try:  # another user's lock file: flock needs no write access
+            fd = os.open(run_dir / LOCK, os.O_RDONLY)
+        except FileNotFoundError:  # an unwritable directory: check_writable says so
+            yield
+            return
+        except OSError as e:
+            _note_unlocked(f"{run_dir / LOCK}: {e.strerror}")
+            yield
+            return
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as e:
@@ -260,9 +267,14 @@ def _fresh_run_dir(cfg: dict[str, Any], run_dir: Path, held: ExitStack) -> Path:
         print(f"fresh=true: {run_dir} is kept; resuming the unfinished run that an earlier "
               f"fresh=true started in {again}")
         return again
-    new = fresh_dir(run_dir)
+    while True:
+        new = fresh_dir(run_dir)
+        try:
+            new.mkdir(parents=True)
+            break
+        except FileExistsError:  # another fresh=true start took this number meanwhile
+            pass
     busy = "" if again is None else f" ({again} is in use by another run)"
     print(f"fresh=true: {run_dir} is kept; starting a new run in {new}{busy}")
-    new.mkdir(parents=True)
     held.enter_context(hold_run_dir(new))
     return new

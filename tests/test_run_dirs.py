@@ -324,3 +324,48 @@ def test_each_job_of_a_sweep_in_one_process_releases_its_lock(tmp_path):
     assert proc.stderr.count("task.batch_size, task.context and task.eval_batch_size must "
                              "be >= 1") == 2, proc.stderr
     assert "in use" not in proc.stderr and not (tmp_path / "same").exists()
+
+
+def test_fresh_true_starts_that_meet_take_one_sibling_each(tmp_path, monkeypatch):
+    """Two fresh=true starts at once: the one whose new sibling the other created meanwhile
+    takes the next (not `error: File exists`)."""
+    from framework import run_dirs
+    from framework.experiment import config_hash, write_results
+
+    cfg = compose_cfg([*OVERRIDES, "trainer.steps=2"])
+    run = tmp_path / "run"
+    run.mkdir()
+    write_results(run, {"config_hash": config_hash(cfg)})
+    real, calls = run_dirs.fresh_dir, []
+
+    def raced(run_dir):  # the other start makes run-2 between our pick and our mkdir
+        calls.append(run_dir)
+        if len(calls) == 1:
+            (tmp_path / "run-2").mkdir()
+            return tmp_path / "run-2"
+        return real(run_dir)
+
+    monkeypatch.setattr(run_dirs, "fresh_dir", raced)
+    assert run_dirs.choose_run_dir({**cfg, "fresh": True}, run) == tmp_path / "run-3"
+
+
+def test_a_lock_file_this_user_cannot_write_still_locks(tmp_path, monkeypatch):
+    """Another user's .lock (0644) in a shared directory: flock needs no write access."""
+    from framework import run_dirs
+
+    real = os.open
+
+    def read_only(path, flags, *args):
+        if flags & (os.O_RDWR | os.O_WRONLY):
+            raise PermissionError(13, "Permission denied", str(path))
+        return real(path, flags, *args)
+
+    other = hold_elsewhere(tmp_path)
+    try:
+        monkeypatch.setattr(run_dirs.os, "open", read_only)
+        with pytest.raises(run_dirs.RunDirInUse, match=f"pid {other.pid} on "):
+            with run_dirs.hold_run_dir(tmp_path):
+                pass
+    finally:
+        monkeypatch.undo()
+        release(other)
