@@ -58,22 +58,30 @@ def hold_run_dir(run_dir: Path) -> Iterator[None]:
     flock (Windows; a network file system without it, e.g. Lustre without -o flock) the run
     goes on unlocked. The lock file stays (but in an empty directory: remove_if_empty):
     removing it would let a third process lock a new file while the second holds the old."""
+    fd = _locked_fd(run_dir)
+    try:
+        yield
+    finally:
+        if fd is not None:
+            os.close(fd)  # releases the lock
+
+
+def _locked_fd(run_dir: Path) -> int | None:
+    """run_dir/.lock, open and flock'ed, its text naming this process; None where it cannot
+    be locked."""
     if fcntl is None:
         _note_unlocked("no fcntl.flock on this system")
-        yield
-        return
+        return None
     try:
         fd = os.open(run_dir / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError:
         try:  # another user's lock file: flock needs no write access
             fd = os.open(run_dir / LOCK, os.O_RDONLY)
         except FileNotFoundError:  # an unwritable directory: check_writable says so
-            yield
-            return
+            return None
         except OSError as e:
             _note_unlocked(f"{run_dir / LOCK}: {e.strerror}")
-            yield
-            return
+            return None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as e:
@@ -81,22 +89,17 @@ def hold_run_dir(run_dir: Path) -> Iterator[None]:
         os.close(fd)
         if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
             _note_unlocked(f"flock: {e.strerror}")
-            yield
-            return
+            return None
         raise RunDirInUse(f"{run_dir} is in use by another run ({holder}): wait for it to "
                           f"finish or stop it; fresh=true starts a new run beside it"
                           ) from None
     try:
-        try:
-            since = datetime.now(timezone.utc).isoformat(timespec="seconds")
-            os.ftruncate(fd, 0)
-            os.write(fd, f"pid {os.getpid()} on {socket.gethostname()} since {since}\n"
-                     .encode())
-        except OSError:  # a full disk: the lock holds, the error cannot name its holder
-            pass
-        yield
-    finally:
-        os.close(fd)  # releases the lock
+        since = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        os.ftruncate(fd, 0)
+        os.write(fd, f"pid {os.getpid()} on {socket.gethostname()} since {since}\n".encode())
+    except OSError:  # a full disk, a read-only fd: the lock holds, the error cannot name it
+        pass
+    return fd
 
 
 def _take(run_dir: Path, held: ExitStack) -> RunDirInUse | None:
