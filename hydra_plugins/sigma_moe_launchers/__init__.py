@@ -214,8 +214,11 @@ class _ControllerStarter:
         script = str(Path(__file__).with_name("local_controller.py"))
         env = {"OMP_NUM_THREADS": self.threads, **(kwargs.pop("env", None) or os.environ),
                LAUNCHER_PID: str(os.getpid())}
-        # the child inherits the blocked SIGINT; a Ctrl-C meanwhile waits for the unblocking
-        # here, when the job is in `started` (to be passed on)
+        # The child inherits this thread's mask: SIGINT blocked. A Ctrl-C meanwhile (which
+        # another thread, torch's, may take) is raised once the job is in `started`, to be
+        # passed on.
+        caught: list[int] = []
+        handler = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
         blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
         try:
             proc = subprocess.Popen([cmd[0], script, cmd[3]], env=env,
@@ -223,6 +226,9 @@ class _ControllerStarter:
             self.started.append(proc)
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+            signal.signal(signal.SIGINT, handler)
+        if caught:
+            raise KeyboardInterrupt
         return proc
 
     def interrupt(self) -> list[subprocess.Popen]:
@@ -238,13 +244,13 @@ class _ControllerStarter:
     def stop(self) -> None:
         """After a Ctrl-C: pass it on to the running jobs and wait for them to checkpoint and
         stop; a second Ctrl-C passes on too (they stop at once), and ends the wait."""
-        running = self.interrupt()
-        if not running:
-            return
-        print(f"interrupted: the {len(running)} running job(s) finish their step, write a "
-              f"checkpoint and stop (Ctrl-C again stops them at once, losing their steps "
-              f"since the last checkpoint)", file=sys.stderr)
         try:
+            running = self.interrupt()
+            if not running:
+                return
+            print(f"interrupted: the {len(running)} running job(s) finish their step, write "
+                  f"a checkpoint and stop (Ctrl-C again stops them at once, losing their "
+                  f"steps since the last checkpoint)", file=sys.stderr)
             while any(p.poll() is None for p in running):
                 time.sleep(0.2)
         except KeyboardInterrupt:

@@ -8,7 +8,9 @@ launcher (`LocalLauncher`) starts this controller in a session of its own, out o
 the terminal's Ctrl-C, and passes each Ctrl-C on to the job's process group: the tasks get
 one SIGINT per Ctrl-C (the first: checkpoint and stop; the second: stop at once), and this
 controller only notes its own copy. Should the launcher die (killed, or its terminal
-closed), the tasks get one SIGINT: they checkpoint and stop rather than run on unseen.
+closed), the tasks get one SIGINT (none if it passed one on already): they checkpoint and
+stop rather than run on unseen. A SIGINT sent to this process alone (`kill -INT`, submitit's
+LocalJob.cancel) is only noted: signal the job's process group instead.
 
 The launcher starts it with SIGINT blocked, so that a Ctrl-C while Python starts waits
 (pending) for `main`'s handler: one before the tasks start stops the job there, one while
@@ -27,12 +29,15 @@ from pathlib import Path
 LAUNCHER_PID = "SIGMA_MOE_LAUNCHER_PID"  # env: the parent whose death stops the job
 
 
-def stop_when_orphaned(launcher: int, poll_s: float = 1.0) -> None:
+def stop_when_orphaned(launcher: int, interrupts: list[int], poll_s: float = 1.0) -> None:
     """Send this process group one SIGINT once the launcher has died (its children then
-    have another parent; a dead but unreaped launcher still counts as dead)."""
+    have another parent; a dead but unreaped launcher still counts as dead), unless it
+    passed on a Ctrl-C before: a second SIGINT would stop the tasks before their
+    checkpoint."""
     while os.getppid() == launcher:
         time.sleep(poll_s)
-    os.killpg(os.getpgrp(), signal.SIGINT)
+    if not interrupts:
+        os.killpg(os.getpgrp(), signal.SIGINT)
 
 
 def main(folder: str) -> None:
@@ -56,7 +61,8 @@ def main(folder: str) -> None:
 
     launcher = int(os.environ.get(LAUNCHER_PID, "0"))
     if launcher:
-        threading.Thread(target=stop_when_orphaned, args=(launcher,), daemon=True).start()
+        threading.Thread(target=stop_when_orphaned, args=(launcher, interrupts),
+                         daemon=True).start()
     controller = Interruptible(Path(folder))
     controller.run()
 
