@@ -24,7 +24,7 @@ def main(cfg: DictConfig):
         plain = OmegaConf.to_container(cfg, resolve=True)
         run_dir = Path(HydraConfig.get().runtime.output_dir)  # Hydra has created it
         try:
-            # imported here (seconds: torch), so that a Ctrl-C meanwhile leaves no empty dir
+            # imported here (a second or so), so that a Ctrl-C meanwhile leaves no empty dir
             from framework.loggers import console_logging
             from tasks import TASKS
 

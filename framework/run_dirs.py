@@ -13,8 +13,9 @@ import itertools
 import os
 import socket
 import sys
+import time
 from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, nullcontext
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -45,10 +46,20 @@ class RunDirInUse(ConfigError):
     """Another process holds the run directory's lock: a run trains there now."""
 
 
+REQUEUE_WAIT_S = 300.0  # how long a requeued Slurm job waits for its run directory's lock
+LOCK_POLL_S = 5.0
+
+
 @functools.cache
 def _note_unlocked(why: str) -> None:
     print(f"note: run directories are not locked here ({why}): nothing stops a second run "
           f"of the same command from training in the same directory", file=sys.stderr)
+
+
+@functools.cache
+def _note_waiting(run_dir: Path) -> None:
+    print(f"note: {run_dir} is locked, by this requeued job's previous run on a lost node if "
+          f"the lock is stale; waiting up to {REQUEUE_WAIT_S:.0f} s for it", file=sys.stderr)
 
 
 @contextmanager
@@ -80,19 +91,33 @@ def _locked_fd(run_dir: Path) -> int | None:
         except FileNotFoundError:  # an unwritable directory: check_writable says so
             return None
         except OSError as e:
-            _note_unlocked(f"{run_dir / LOCK}: {e.strerror}")
+            _note_unlocked(f"cannot open {LOCK}: {e.strerror}")
             return None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as e:
-        holder = os.read(fd, 300).decode(errors="replace").strip() or "it has not said who"
-        os.close(fd)
-        if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-            _note_unlocked(f"flock: {e.strerror}")
-            return None
-        raise RunDirInUse(f"{run_dir} is in use by another run ({holder}): wait for it to "
-                          f"finish or stop it; fresh=true starts a new run beside it"
-                          ) from None
+    # A requeued Slurm job may find its own dead node's lock still held: a network file
+    # system frees it only when the node's lease expires (NFSv4: 90 s).
+    requeued = os.environ.get("SLURM_RESTART_COUNT", "0") not in ("", "0")
+    deadline = time.monotonic() + (REQUEUE_WAIT_S if requeued else 0)
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except OSError as e:
+            busy = e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES)
+            if busy and time.monotonic() < deadline:
+                _note_waiting(run_dir)
+                time.sleep(LOCK_POLL_S)
+                continue
+            try:
+                holder = os.read(fd, 300).decode(errors="replace").strip()
+            except OSError:
+                holder = ""
+            os.close(fd)
+            if not busy:
+                _note_unlocked(f"flock: {e.strerror}")
+                return None
+            raise RunDirInUse(f"{run_dir} is in use by another run "
+                              f"({holder or 'it has not said who'}): wait for it to finish "
+                              f"or stop it; fresh=true starts a new run beside it") from None
     try:
         since = datetime.now(timezone.utc).isoformat(timespec="seconds")
         os.ftruncate(fd, 0)
@@ -211,10 +236,8 @@ def choose_run_dir(cfg: dict[str, Any], run_dir: Path, held: ExitStack | None = 
     decision: tuple[str | None, str | None] = (None, None)
     if info.is_main:
         try:
-            with ExitStack() as mine:
-                chosen = _choose_run_dir(cfg, run_dir, mine)
-                if held is not None:
-                    held.enter_context(mine.pop_all())
+            with nullcontext(held) if held is not None else ExitStack() as stack:
+                chosen = _choose_run_dir(cfg, run_dir, stack)
             decision = (None if chosen is None else str(chosen), None)
         except Exception as e:  # every rank must stop, not wait for rank 0's answer
             decision = (None, str(e) if isinstance(e, (ConfigError, OSError)) else

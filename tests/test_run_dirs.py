@@ -6,8 +6,11 @@ its command trained; a directory a run trains in now is locked (tests/test_fault
 faults themselves)."""
 import json
 import os
+import re
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -268,7 +271,7 @@ def test_a_directory_a_run_trains_in_now_is_not_trained_in_twice(tmp_path, capsy
     other = hold_elsewhere(run)
     try:
         with pytest.raises(ConfigError, match=(
-                rf"^{run} is in use by another run \(pid {other.pid} on \S+ since "
+                rf"^{re.escape(str(run))} is in use by another run \(pid {other.pid} on \S+ since "
                 rf"\d{{4}}-\S+\+00:00\): wait for it to finish or stop it; fresh=true starts "
                 rf"a new run beside it$")):
             choose_run_dir(cfg, run)
@@ -351,21 +354,77 @@ def test_fresh_true_starts_that_meet_take_one_sibling_each(tmp_path, monkeypatch
 
 def test_a_lock_file_this_user_cannot_write_still_locks(tmp_path, monkeypatch):
     """Another user's .lock (0644) in a shared directory: flock needs no write access."""
-    from framework import run_dirs
+    from types import SimpleNamespace
 
-    real = os.open
+    from framework import run_dirs
 
     def read_only(path, flags, *args):
         if flags & (os.O_RDWR | os.O_WRONLY):
             raise PermissionError(13, "Permission denied", str(path))
-        return real(path, flags, *args)
+        return os.open(path, flags, *args)
 
     other = hold_elsewhere(tmp_path)
-    try:
-        monkeypatch.setattr(run_dirs.os, "open", read_only)
+    try:  # run_dirs' `os` only
+        monkeypatch.setattr(run_dirs, "os", SimpleNamespace(**{**vars(os), "open": read_only}))
         with pytest.raises(run_dirs.RunDirInUse, match=f"pid {other.pid} on "):
             with run_dirs.hold_run_dir(tmp_path):
                 pass
     finally:
-        monkeypatch.undo()
         release(other)
+
+
+def test_a_requeued_slurm_job_waits_for_its_lost_runs_lock(tmp_path, monkeypatch, capsys):
+    """After a node failure the network file system may hold the dead run's lock until the
+    node's lease expires: a requeued job (SLURM_RESTART_COUNT > 0) waits for it, a new one
+    does not."""
+    from framework import run_dirs
+
+    monkeypatch.setattr(run_dirs, "LOCK_POLL_S", 0.1)
+    monkeypatch.setattr(run_dirs, "REQUEUE_WAIT_S", 0.5)
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "0")
+    other, lease = hold_elsewhere(tmp_path), None
+    try:
+        with pytest.raises(run_dirs.RunDirInUse):  # not requeued: at once
+            with run_dirs.hold_run_dir(tmp_path):
+                pass
+        assert capsys.readouterr().err == ""
+        monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
+        t0 = time.monotonic()
+        with pytest.raises(run_dirs.RunDirInUse):  # held for longer than the wait
+            with run_dirs.hold_run_dir(tmp_path):
+                pass
+        assert time.monotonic() - t0 >= 0.5
+        assert f"note: {tmp_path} is locked" in capsys.readouterr().err
+        monkeypatch.setattr(run_dirs, "REQUEUE_WAIT_S", 30.0)
+        lease = threading.Timer(0.5, release, args=(other,))  # the lease expires
+        lease.start()
+        with run_dirs.hold_run_dir(tmp_path):
+            assert (tmp_path / ".lock").read_text().startswith(f"pid {os.getpid()} on ")
+    finally:
+        if lease is not None:
+            lease.join()
+        if other.returncode is None:
+            release(other)
+    run_dirs._note_waiting.cache_clear()
+
+
+def test_a_second_start_of_a_training_run_is_refused(tmp_path):
+    """End to end: run.py holds the lock while it trains."""
+    args = [sys.executable, "run.py", "+exp=mini_moe", *OVERRIDES, "trainer.steps=1000000",
+            "trainer.ckpt_every=1000000", f"hydra.run.dir={tmp_path / 'run'}"]
+    first = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while not (tmp_path / "run" / "metrics.jsonl").exists():
+            assert first.poll() is None and time.monotonic() < deadline
+            time.sleep(0.2)
+        second = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert second.returncode == 1
+        assert re.fullmatch(
+            rf"error: {re.escape(str(tmp_path / 'run'))} is in use by another run \(pid "
+            rf"{first.pid} on \S+ since \S+\): wait for it to finish or stop it; fresh=true "
+            rf"starts a new run beside it\n", second.stderr), second.stderr
+    finally:
+        first.kill()
+        first.wait()
