@@ -7,13 +7,21 @@ import sys
 from contextlib import ExitStack
 from pathlib import Path
 
-import hydra
-from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig, OmegaConf
+try:  # a Ctrl-C while Python imports (torch: a second or two) is one line, not a traceback
+    import hydra
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import DictConfig, OmegaConf
 
-from framework.cli import exit_if_jobs_failed, handle_errors, prepare_argv, removable_up_to
-from framework.config import check_top_level
-from framework.run_dirs import prepare_run_dir, remove_if_empty
+    from framework.cli import (
+        exit_if_jobs_failed,
+        handle_errors,
+        prepare_argv,
+        removable_up_to,
+    )
+    from framework.config import check_top_level
+    from framework.run_dirs import prepare_run_dir, remove_if_empty
+except KeyboardInterrupt:
+    sys.exit(130)
 
 prepare_argv(sys.argv)
 
@@ -43,5 +51,8 @@ def main(cfg: DictConfig):
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except KeyboardInterrupt:  # while Hydra composes, before main's own handle_errors
+        sys.exit(130)
     exit_if_jobs_failed()
