@@ -80,10 +80,12 @@ def _flat(node: Any, key: str = "") -> dict[str, Any]:
 
 
 def _differences(saved: dict[str, Any], cfg: dict[str, Any], free: tuple[str, ...]
-                 ) -> list[str]:
-    """The keys outside `free` whose values differ between two configs, sorted."""
+                 ) -> list[tuple[str, Any, Any]]:
+    """(key, saved value, this value) of the keys outside `free` whose values differ
+    between two configs, sorted by key."""
     saved, now = _flat(saved), _flat(cfg)
-    return sorted(k for k in saved.keys() | now.keys()
+    return sorted((k, saved.get(k, "<unset>"), now.get(k, "<unset>"))
+                  for k in saved.keys() | now.keys()
                   if not under(k, free) and saved.get(k, "<unset>") != now.get(k, "<unset>"))
 
 
@@ -98,9 +100,8 @@ def check_trained_as(run_dir: Path, cfg: dict[str, Any]) -> None:
     saved = OmegaConf.to_container(OmegaConf.load(path))
     diff = _differences(saved, cfg, EVAL_FREE)
     if diff:
-        k = diff[0]
+        k, saved_v, now_v = diff[0]
         more = f" (and {len(diff) - 1} more keys)" if len(diff) > 1 else ""
-        saved_v, now_v = _flat(saved).get(k, "<unset>"), _flat(cfg).get(k, "<unset>")
         raise ConfigError(
             f"mode=eval: {run_dir} was trained with {k}={saved_v}, not {now_v}{more}; "
             f"evaluate it with the experiment and overrides it was trained with")
@@ -178,8 +179,8 @@ def _first_difference(run_dir: Path, cfg: dict[str, Any]) -> str:
     diff = [] if saved is None else _differences(saved, cfg, NOT_IDENTITY)
     if not diff:
         return ""
-    was, now = _flat(saved).get(diff[0], "<unset>"), _flat(cfg).get(diff[0], "<unset>")
-    return f", which has {diff[0]}={was}; this config: {now}"
+    key, was, now = diff[0]
+    return f", which has {key}={was}; this config: {now}"
 
 
 def unfinished_fresh_run(run_dir: Path, cfg: dict[str, Any]) -> Path | None:

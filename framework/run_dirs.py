@@ -63,13 +63,15 @@ def _note_waiting(run_dir: Path) -> None:
 
 
 @contextmanager
-def hold_run_dir(run_dir: Path) -> Iterator[None]:
+def hold_run_dir(run_dir: Path, wait_s: float | None = None) -> Iterator[None]:
     """Hold run_dir's lock (an exclusive flock on run_dir/.lock, whose text names the
     holder) until the block ends; RunDirInUse if another process holds it. Where there is no
     flock (Windows; a network file system without it, e.g. Lustre without -o flock) the run
     goes on unlocked. The lock file stays (but in an empty directory: remove_if_empty):
-    removing it would let a third process lock a new file while the second holds the old."""
-    fd = _locked_fd(run_dir)
+    removing it would let a third process lock a new file while the second holds the old.
+    `wait_s`: how long to wait for a held lock (None: REQUEUE_WAIT_S in a requeued Slurm
+    job, else none)."""
+    fd = _locked_fd(run_dir, wait_s)
     try:
         yield
     finally:
@@ -77,7 +79,7 @@ def hold_run_dir(run_dir: Path) -> Iterator[None]:
             os.close(fd)  # releases the lock
 
 
-def _locked_fd(run_dir: Path) -> int | None:
+def _locked_fd(run_dir: Path, wait_s: float | None) -> int | None:
     """run_dir/.lock, open and flock'ed, its text naming this process; None where it cannot
     be locked."""
     if fcntl is None:
@@ -95,8 +97,10 @@ def _locked_fd(run_dir: Path) -> int | None:
             return None
     # A requeued Slurm job may find its own dead node's lock still held: a network file
     # system frees it only when the node's lease expires (NFSv4: 90 s).
-    requeued = os.environ.get("SLURM_RESTART_COUNT", "0") not in ("", "0")
-    deadline = time.monotonic() + (REQUEUE_WAIT_S if requeued else 0)
+    if wait_s is None:
+        requeued = os.environ.get("SLURM_RESTART_COUNT", "0") not in ("", "0")
+        wait_s = REQUEUE_WAIT_S if requeued else 0.0
+    deadline = time.monotonic() + wait_s
     while True:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -146,7 +150,7 @@ def remove_if_empty(run_dir: Path, up_to: Path | None = None) -> None:
             if not d.is_dir() or {p.name for p in d.iterdir()} - {LOCK}:
                 return
             if (d / LOCK).exists():
-                with hold_run_dir(d):
+                with hold_run_dir(d, wait_s=0):  # held: a run has just started there
                     (d / LOCK).unlink()
                     os.rmdir(d)
             else:
