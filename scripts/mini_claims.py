@@ -46,6 +46,7 @@ from scripts.run_results import (  # noqa: E402
     markdown_notes,
     missing_commands,
     ours_text,
+    overridden_runs,
     print_out,
     real,
     run_roots,
@@ -204,6 +205,8 @@ class Collected:
     seeds: dict[str, list[Any]]  # experiment -> the seeds it has
     code: list[str] = field(default_factory=list)  # code versions of the counted runs
     data: list[str] = field(default_factory=list)  # data versions, when they differ
+    overridden: list[str] = field(default_factory=list)  # runs counted of other settings
+    marked: set[tuple[str, str]] = field(default_factory=set)  # cells holding such runs
 
 
 def collect(roots: list[Path], exp_dir: Path, all_overrides: bool = False) -> Collected:
@@ -225,6 +228,8 @@ def collect(roots: list[Path], exp_dir: Path, all_overrides: bool = False) -> Co
             key = (variant, col)
             out.metric[col] = found[0].metric
             out.values[key] = [r.test[r.metric] for r in found]
+            if any(r.overrides for r in found):
+                out.marked.add(key)
             counts = [r.n_params for r in found if r.n_params]
             if counts:
                 out.params[key] = statistics.fmean(counts)
@@ -233,6 +238,7 @@ def collect(roots: list[Path], exp_dir: Path, all_overrides: bool = False) -> Co
                               "train_s": _mean([r.results.get("train_seconds") for r in found]),
                               "peak_rss_mb": _mean([r.results.get("peak_rss_mb") for r in found])}
     out.code, out.data = code_versions(counted), data_versions(counted)
+    out.overridden = overridden_runs(counted)
     return out
 
 
@@ -250,14 +256,14 @@ def render_results(c: Collected, rows: dict[str, str]) -> str:
             if not vals:
                 cells.append("—")
                 continue
-            text = ours_text(vals, c.metric[col])
+            text = ours_text(vals, c.metric[col], overridden=(variant, col) in c.marked)
             if (variant, col) in c.params:
                 text += f" · {c.params[(variant, col)] / 1e6:.3g}M"
             cells.append(text)
         lines.append(f"| {rows.get(variant, variant)} | " + " | ".join(cells) + " |")
     lines += ["", "Each cell: mean ± sample std over seeds (n seeds) · parameter count."]
     lines += markdown_notes("Missing runs:", missing_commands("mini", c.seeds, c.skipped),
-                            [str(s) for s in c.skipped], c.code, c.data)
+                            [str(s) for s in c.skipped], c.code, c.data, c.overridden)
     return "\n".join(lines) + "\n"
 
 
@@ -323,7 +329,8 @@ def main(argv: list[str] | None = None) -> str:
     ap.add_argument("--exp-dir", type=Path, default=ROOT / "configs" / "exp")
     ap.add_argument("--all-overrides", action="store_true",
                     help="also count runs whose directory shows overrides besides "
-                         "trainer.seed, for seeds no run of the experiment's own config has")
+                         "trainer.seed, for seeds no run of the experiment's own config has "
+                         "(their cells are marked †)")
     args = ap.parse_args(argv)
     if not args.exp_dir.is_dir():  # else every variant would print as missing
         ap.error(f"--exp-dir {args.exp_dir} is not a directory")

@@ -13,8 +13,8 @@ it trained the experiment's config as configs/exp/<name>.yaml says now (the conf
 in its results.json). Runs with overrides other than `trainer.seed` (read from the Hydra
 directory name `<name>/<overrides>`) are listed under the table, not counted, unless
 `--all-overrides`, which counts them for the seeds that no run of the experiment's own
-config has; stale runs are listed, never counted. Several seeds of one experiment are
-averaged: mean ± sample std (n - 1).
+config has, marks their cells † and lists them under the table; stale runs are listed,
+never counted. Several seeds of one experiment are averaged: mean ± sample std (n - 1).
 
 Metric: test for WikiText-103 / Enwik8, validation for C4 and peS2o (the paper reports
 validation perplexity there). Each cell: ours [± std] (n seeds) / paper (Δ = ours - paper)
@@ -41,6 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from framework.config import chosen_groups, first_line  # noqa: E402
 from scripts.flops_table import config_relative_flops, format_percent  # noqa: E402
 from scripts.run_results import (  # noqa: E402
+    OVERRIDDEN,
     Run,
     Skipped,
     by_experiment,
@@ -50,6 +51,7 @@ from scripts.run_results import (  # noqa: E402
     markdown_notes,
     missing_commands,
     ours_text,
+    overridden_runs,
     print_out,
     real,
     run_roots,
@@ -187,6 +189,7 @@ class Cell:
     n_params: float | None = None
     flops: float | None = None
     metric: str = ""
+    overridden: bool = False  # counts runs of other settings (--all-overrides)
 
 
 @dataclass
@@ -199,6 +202,7 @@ class Table:
     header_rows: list[tuple[str, list[str]]] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)  # commands producing missing seeds
     notes: list[str] = field(default_factory=list)  # runs not counted, and why
+    overridden: list[str] = field(default_factory=list)  # runs counted of other settings
     code: list[str] = field(default_factory=list)  # code versions of the counted runs
     data: list[str] = field(default_factory=list)  # data versions, when they differ
 
@@ -250,6 +254,7 @@ def build_table(table: str, exps: dict[str, Experiment], runs: dict[str, list[Ru
                 cell.metric = found[0].metric
                 split = exp.split
                 cell.ours = [getattr(r, split)[r.metric] for r in found]
+                cell.overridden = any(r.overrides for r in found)
                 counts = [r.n_params for r in found if r.n_params]
                 cell.n_params = statistics.fmean(counts) if counts else None
             cells.append(cell)
@@ -257,6 +262,7 @@ def build_table(table: str, exps: dict[str, Experiment], runs: dict[str, list[Ru
     out.missing = missing_commands(table, seeds, skipped)  # each table has its sweep
     names = {grid[k][0].name for k in grid}
     out.notes = [str(s) for s in skipped if s.name in names]
+    out.overridden = overridden_runs(counted)
     out.code, out.data = code_versions(counted), data_versions(counted)
     return out
 
@@ -299,7 +305,7 @@ def cell_text(cell: Cell | str, latex: bool = False) -> str:
         ours = "---" if latex else "—"
         params = f"{cell.exp.params_m}M" if cell.exp and cell.exp.params_m else ""
     else:
-        ours = ours_text(cell.ours, cell.metric, pm)
+        ours = ours_text(cell.ours, cell.metric, pm, cell.overridden)
         if cell.paper is not None:
             mean = statistics.fmean(cell.ours)
             paper += f" (Δ {fmt_metric(mean - cell.paper, cell.metric, sign=True)})"
@@ -309,6 +315,7 @@ def cell_text(cell: Cell | str, latex: bool = False) -> str:
         text += f" · {format_percent(cell.flops)} FLOPs"
     if latex:
         text = text.replace("%", "\\%").replace("Δ", "$\\Delta$").replace("·", "$\\cdot$")
+        text = text.replace(OVERRIDDEN, "$^\\dagger$")
     return text
 
 
@@ -348,7 +355,7 @@ def render_markdown(t: Table) -> str:
         lines.append("| " + " | ".join([label, *lead, *map(cell_text, cells)]) + " |")
     if t.name != FLOPS:
         lines += ["", LEGEND]
-    lines += markdown_notes(MISSING, t.missing, t.notes, t.code, t.data)
+    lines += markdown_notes(MISSING, t.missing, t.notes, t.code, t.data, t.overridden)
     return "\n".join(lines) + "\n"
 
 
@@ -368,6 +375,7 @@ def render_latex(t: Table) -> str:
     lines += ["\\bottomrule", "\\end{tabular}", "\\end{table*}"]
     lines += [f"% missing: {cmd}" for cmd in t.missing]
     lines += [f"% not counted: {n}" for n in t.notes]
+    lines += [f"% counted with --all-overrides ($^\\dagger$): {n}" for n in t.overridden]
     lines += [f"% code: {c}" for c in t.code]
     lines += [f"% data: {d}" for d in t.data]
     return "\n".join(lines) + "\n"
@@ -413,7 +421,8 @@ def main(argv: list[str] | None = None) -> str:
     ap.add_argument("--format", choices=("markdown", "latex"), default="markdown")
     ap.add_argument("--all-overrides", action="store_true",
                     help="also count runs whose directory shows overrides besides "
-                         "trainer.seed, for seeds no run of the experiment's own config has")
+                         "trainer.seed, for seeds no run of the experiment's own config has "
+                         "(their cells are marked †)")
     ap.add_argument("--flops-selector", action="store_true",
                     help="count the selector N_E*d_model in the FLOPs table (the paper does not)")
     ap.add_argument("--mini", action="store_true",

@@ -57,11 +57,12 @@ class Run:
     source: str
     mtime: float = 0.0
     results: dict[str, Any] = field(default_factory=dict)  # the results.json of a local run
-    own: bool = True  # the experiment's own config (False: counted by `all_overrides`)
+    overrides: str = ""  # other than the seed, when counted by `all_overrides` ('': own config)
     code: dict[str, Any] | None = None  # which code trained it (results.json / summary `code`)
     data: dict[str, Any] | None = None  # which tokens it read (results.json / summary `data`)
 
 
+OVERRIDDEN = "†"  # marks a cell that counts runs of other settings (`all_overrides`)
 STALE = "config differs from"  # the start of a Skipped's why for a run of another config
 
 
@@ -182,19 +183,21 @@ class Judge:
         return same, f"{STALE} {where} (stale, or made with other settings)"
 
     def __call__(self, name: str, seed: Any, run_dir: Path | None, **config: Any
-                 ) -> tuple[str | None, bool]:
-        """(why the run is not counted, None if it is; whether it trained the experiment's
-        own config). `config`: same_config's run_hash or logged."""
+                 ) -> tuple[str | None, str]:
+        """(why the run is not counted, None if it is; its overrides other than the seed,
+        comma-separated, '' when it trained the experiment's own config). `config`:
+        same_config's run_hash or logged."""
         extra = other_overrides(run_overrides(run_dir, name) if run_dir is not None else None)
         same, why = self.same_config(name, seed, **config)
         if same is None:  # no hash: trust the directory's name, as before runs recorded it
             same = not extra
         if same:
-            return None, True
+            return None, ""
         if extra:
             return (None if self.all_overrides else
-                    f"{name} with overrides {','.join(extra)} (--all-overrides counts it)"), False
-        return why, False
+                    f"{name} with overrides {','.join(extra)} (--all-overrides counts it)"
+                    ), ",".join(extra)
+        return why, ""
 
 
 def run_roots(given: list[Path] | None, default: Path) -> list[Path]:
@@ -275,7 +278,7 @@ def find_runs(roots: list[Path], exp_dir: Path, all_overrides: bool = False
     runs, unchecked, unknown = [], [], {}
     for path, res in found:
         name, seed = str(res.get("name")), as_seed(res.get("seed"))
-        why, own = judge(name, seed, path.parent, run_hash=res.get("config_hash"))
+        why, overrides = judge(name, seed, path.parent, run_hash=res.get("config_hash"))
         if why is not None:
             skipped.append(Skipped(path.parent, name, why))
             if judge.configs.get(name) is None:  # in no table's notes: said below
@@ -284,7 +287,7 @@ def find_runs(roots: list[Path], exp_dir: Path, all_overrides: bool = False
         unchecked += [path] if not res.get("config_hash") else []
         runs.append(Run(name, seed, res["metric"], res["valid"], res["test"],
                         real(res.get("n_params")), str(path.parent), path.stat().st_mtime,
-                        res, own, res.get("code"), res.get("data")))
+                        res, overrides, res.get("code"), res.get("data")))
     if unknown:
         print(f"warning: {sum(unknown.values())} run(s) of experiments with no file in "
               f"{_shown(exp_dir)} are in no table: {counted_names(unknown)}", file=sys.stderr)
@@ -317,7 +320,7 @@ def wandb_runs(project: str, exp_dir: Path, all_overrides: bool = False
     for cfg, summary, source in finished:
         name, seed = str(cfg["name"]), as_seed((cfg.get("trainer") or {}).get("seed"))
         run_dir = Path(cfg.pop("run_dir")) if cfg.get("run_dir") else None
-        why, own = judge(name, seed, run_dir, logged=cfg)
+        why, overrides = judge(name, seed, run_dir, logged=cfg)
         if why is not None:
             skipped.append(Skipped(Path(source), name, why))
             continue
@@ -327,7 +330,7 @@ def wandb_runs(project: str, exp_dir: Path, all_overrides: bool = False
                 code, data = plain(summary.get("code")), plain(summary.get("data"))
                 out.append(Run(name, seed, metric, {metric: float(valid)},
                                {metric: float(test)}, real(summary.get("n_params")), source,
-                               own=own, code=code or None, data=data or None))
+                               overrides=overrides, code=code or None, data=data or None))
                 break
     return out, skipped
 
@@ -360,7 +363,8 @@ def by_experiment(runs: list[Run]) -> dict[str, list[Run]]:
     best: dict[tuple[str, Any], Run] = {}
     for run in runs:
         key = (run.name, run.seed)
-        if key not in best or (run.own, run.mtime) > (best[key].own, best[key].mtime):
+        if key not in best or (not run.overrides, run.mtime) > (not best[key].overrides,
+                                                                 best[key].mtime):
             best[key] = run
     out: dict[str, list[Run]] = {}
     for (name, _), run in sorted(best.items(), key=lambda kv: (kv[0][0], str(kv[0][1]))):
@@ -379,17 +383,22 @@ def print_out(text: str) -> None:
         sys.exit(f"error: cannot write the output: {e.strerror or e}")
 
 
+OVERRIDDEN_HEADING = (f"Counted with --all-overrides ({OVERRIDDEN}: the cell's mean holds runs "
+                      f"of other settings than its experiment's):")
+
+
 def markdown_notes(missing_heading: str, missing: list[str], not_counted: list[str],
-                   code: list[str], data: list[str] = ()) -> list[str]:
+                   code: list[str], data: list[str] = (), overridden: list[str] = ()
+                   ) -> list[str]:
     """The lists under a Markdown table: the commands of its missing runs, the runs not
-    counted (why), the code and data versions of the counted ones; each only when it has
-    lines."""
+    counted (why), those counted of other settings, the code and data versions of the
+    counted ones; each only when it has lines."""
     from scripts.run_versions import CODE_HEADING, DATA_HEADING  # it imports this module
 
     lines = []
     for heading, items in ((missing_heading, [f"`{cmd}`" for cmd in missing]),
-                           ("Not counted:", not_counted), (CODE_HEADING, code),
-                           (DATA_HEADING, data)):
+                           ("Not counted:", not_counted), (OVERRIDDEN_HEADING, overridden),
+                           (CODE_HEADING, code), (DATA_HEADING, data)):
         if items:
             lines += ["", heading, *[f"- {item}" for item in items]]
     return lines
@@ -408,12 +417,20 @@ def fmt_metric(x: float, metric: str, sign: bool = False) -> str:
     return f"{x:{'+' if sign else ''}.{3 if metric == 'bpc' else 2}f}"
 
 
-def ours_text(values: list[float], metric: str, pm: str = " ± ") -> str:
+def ours_text(values: list[float], metric: str, pm: str = " ± ",
+              overridden: bool = False) -> str:
     """'mean ± std (n=k)' of the seeds of one cell (no std for one seed; always the n, so
-    that a partial sweep shows)."""
+    that a partial sweep shows), marked when it counts runs of other settings."""
     mean, std = mean_std(values)
     text = fmt_metric(mean, metric) + ("" if std is None else pm + fmt_metric(std, metric))
-    return text + f" (n={len(values)})"
+    return text + f" (n={len(values)})" + (OVERRIDDEN if overridden else "")
+
+
+def overridden_runs(runs: Iterable[Run]) -> list[str]:
+    """The counted runs of other settings than their experiment's (`all_overrides`), a line
+    each, for the list under the table whose cells they mark."""
+    return [f"{r.source}: {r.name} seed {r.seed} with {r.overrides}" for r in runs
+            if r.overrides]
 
 
 # -- what is missing --------------------------------------------------------------------------

@@ -15,6 +15,7 @@ from framework.code_version import code_fingerprint, code_version
 from framework.experiment import run_hashes
 from scripts import mini_claims
 from scripts.mini_claims import Claim, Comparison, check_claims, compare, verdict
+from scripts.run_results import OVERRIDDEN_HEADING
 from scripts.run_versions import CODE_HEADING
 from tests.helpers import EXPS, compose_cfg, compose_sweep, jobs, load, tables_of
 
@@ -158,6 +159,15 @@ def test_report_from_run_directories(tmp_path):
         "- `python run.py -m +sweep=mini +exp=mini_wiki_dense trainer.seed=0`",
         "- `python run.py -m +sweep=mini +exp=mini_wiki_moe trainer.seed=0,2`",
         "- `python run.py -m +sweep=mini +exp=mini_wiki_moe trainer.seed=1 fresh=true`"]
+    # --all-overrides counts a run of other settings for a seed the experiment lacks: the
+    # cell is marked and the run listed
+    fake_run(root, "mini_wiki_dense", 0, 7.0, [1.0], overrides="ffn.d_ff=64,trainer.seed=0")
+    assert "†" not in mini_claims.main(["--runs", str(tmp_path / "runs")])
+    text = mini_claims.main(["--runs", str(tmp_path / "runs"), "--all-overrides"])
+    assert "| Dense | 2.000 ± 0.010 (n=3) · 0.916M | 5.667 ± 1.155 (n=3)† · " in text
+    assert text.split(OVERRIDDEN_HEADING + "\n")[1].split("\n\n")[0].splitlines() == [
+        f"- {root / 'mini_wiki_dense/ffn.d_ff=64,trainer.seed=0'}: mini_wiki_dense seed 0 "
+        "with ffn.d_ff=64"]
 
 
 def test_an_unreadable_results_file_is_warned_about_and_labelled(tmp_path, capsys):

@@ -173,9 +173,15 @@ def test_which_runs_count(tiny, tmp_path, capsys):
         f"- {runs / 'tiny_dense/ffn.d_ff=32,trainer.seed=2'}: tiny_dense with overrides "
         "ffn.d_ff=32 (--all-overrides counts it)",
         f"- {runs / 'tiny_dense/trainer.seed=3'}: {stale}"]
+    assert "†" not in text
     text = paper_tables.main([*args, "--all-overrides"])  # seed 2 joins; seed 0 stays
     mean = statistics.fmean([results[0]["test"]["bpc"], 7.0, 100.0])
-    assert f"| Dense | {mean:.3f} ± " in text and "(n=3)" in text
+    assert f"| Dense | {mean:.3f} ± " in text and "(n=3)† /" in text  # the cell says so
+    assert text.split(run_results.OVERRIDDEN_HEADING + "\n")[1].strip() == (
+        f"- {runs / 'tiny_dense/ffn.d_ff=32,trainer.seed=2'}: tiny_dense seed 2 with "
+        "ffn.d_ff=32")
+    latex = paper_tables.main([*args, "--all-overrides", "--format", "latex"])
+    assert "(n=3)$^\\dagger$ /" in latex and "% counted with --all-overrides" in latex
     assert text.count("--all-overrides counts it") == 0 and text.count(stale) == 2
     assert capsys.readouterr().err == ""
     fake_run(runs / "tiny_dense" / "trainer.seed=4", exps, 4, 8.0, config_hash=None)

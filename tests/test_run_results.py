@@ -183,12 +183,12 @@ def test_an_unhashed_run_with_other_overrides_counts_only_with_all_overrides():
     as the experiment's own seed."""
     cfgs = {"tiny": {"trainer": {"seed": 0}}}
     other = Path("/r/tiny/ffn.d_ff=32,trainer.seed=0")
-    why, own = run_results.Judge(Path("/x"), cfgs)("tiny", 0, other, run_hash=None)
-    assert own is False and "with overrides ffn.d_ff=32" in why
+    why, overrides = run_results.Judge(Path("/x"), cfgs)("tiny", 0, other, run_hash=None)
+    assert overrides == "ffn.d_ff=32" and "with overrides ffn.d_ff=32" in why
     with_all = run_results.Judge(Path("/x"), cfgs, all_overrides=True)
-    assert with_all("tiny", 0, other, run_hash=None) == (None, False)
+    assert with_all("tiny", 0, other, run_hash=None) == (None, "ffn.d_ff=32")
     assert run_results.Judge(Path("/x"), cfgs)("tiny", 0, Path("/r/tiny/trainer.seed=0"),
-                                   run_hash=None) == (None, True)
+                                   run_hash=None) == (None, "")
 
 
 def test_one_recorded_data_version_beside_unrecorded_runs_is_no_difference():
