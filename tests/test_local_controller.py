@@ -34,11 +34,17 @@ out.write_text(str(len(got)))
 """
 
 
-def start(folder: Path, starter: _ControllerStarter) -> subprocess.Popen:
+# the launcher's `setup` lines: none, or some (submitit then starts the controller in a shell)
+SETUPS = [(), ("true", "export SETUP_RAN=1")]
+
+
+def start(folder: Path, starter: _ControllerStarter, setup: tuple[str, ...] = ()
+          ) -> subprocess.Popen:
     """A job as the local launcher starts it: submitit's start_controller, our controller."""
     command = subprocess.list2cmdline([sys.executable, "-c", TASK, str(folder / "count")])
     with mock.patch.object(local, "subprocess", starter):
-        return local.start_controller(folder=folder, command=command, timeout_min=5)
+        return local.start_controller(folder=folder, command=command, timeout_min=5,
+                                      setup=setup)
 
 
 def wait_for(path: Path, timeout: float = 30.0) -> None:
@@ -48,29 +54,36 @@ def wait_for(path: Path, timeout: float = 30.0) -> None:
         time.sleep(0.05)
 
 
-def test_each_ctrl_c_reaches_the_task_once(tmp_path):
+@pytest.mark.parametrize("setup", SETUPS)
+def test_each_ctrl_c_reaches_the_task_once(tmp_path, setup):
     """submitit's own controller would send a second SIGINT and then SIGKILL."""
     starter = _ControllerStarter(n_jobs=1)
-    job = start(tmp_path, starter)
+    job = start(tmp_path, starter, setup)
     wait_for(tmp_path / "count.up")
     assert starter.interrupt() == [job]
     assert job.wait(timeout=30) == 0
     assert (tmp_path / "count").read_text() == "1"
+    assert (tmp_path / f"{job.pid}_0_log.out").exists()  # the job's id names its logs
 
 
-def test_a_ctrl_c_before_the_task_starts_stops_the_job_quietly(tmp_path, capfd):
+@pytest.mark.parametrize("setup", [*SETUPS, ("touch {up}", "sleep 1")])
+def test_a_ctrl_c_before_the_task_starts_stops_the_job_quietly(tmp_path, capfd, setup):
     """The controller starts with SIGINT blocked: a Ctrl-C at once is no traceback of
-    Python's start, and no task starts after it."""
+    Python's start, and no task starts after it; nor after one during the setup lines."""
     starter = _ControllerStarter(n_jobs=1)
-    job = start(tmp_path, starter)
+    up = tmp_path / "setup.up"
+    job = start(tmp_path, starter, tuple(line.format(up=up) for line in setup))
+    if "sleep 1" in setup:
+        wait_for(up)
     starter.interrupt()
     assert job.wait(timeout=30) == 128 + signal.SIGINT
     assert not (tmp_path / "count.up").exists()
     assert "Traceback" not in capfd.readouterr().err
 
 
-@pytest.mark.parametrize("ctrl_c_first", [False, True])
-def test_a_job_whose_launcher_dies_is_stopped_once(tmp_path, ctrl_c_first):
+@pytest.mark.parametrize(("ctrl_c_first", "setup"), [(False, ()), (True, ()),
+                                                     (False, SETUPS[1])])
+def test_a_job_whose_launcher_dies_is_stopped_once(tmp_path, ctrl_c_first, setup):
     """A launcher that dies (after passing on a Ctrl-C, or not) leaves its job one SIGINT:
     a second would stop it before its checkpoint."""
     launcher = f"""
@@ -80,7 +93,7 @@ sys.path.insert(0, {str(ROOT)!r})
 from tests.test_local_controller import _ControllerStarter, start, wait_for
 folder = Path({str(tmp_path)!r})
 starter = _ControllerStarter(n_jobs=1)
-print(start(folder, starter).pid, flush=True)
+print(start(folder, starter, {setup!r}).pid, flush=True)
 wait_for(folder / "count.up")
 if {ctrl_c_first}:
     starter.interrupt()

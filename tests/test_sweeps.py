@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -189,8 +190,8 @@ def test_a_failing_job_is_one_line_under_the_local_launcher(tmp_path):
                        "ffn.n_experts=2 mode=params")
 
 
-def _start_training_sweep(cwd: Path, started: list[subprocess.Popen], resumed: bool = False
-                          ) -> tuple[subprocess.Popen, Path]:
+def _start_training_sweep(cwd: Path, started: list[subprocess.Popen], resumed: bool = False,
+                          extra: Sequence[str] = ()) -> tuple[subprocess.Popen, Path]:
     """Two tiny training jobs under the local launcher, in a session of their own (as at a
     terminal), that train until stopped; returned once both train (have trained a step, or
     `resumed`: have resumed from their checkpoints). The launcher goes into `started`."""
@@ -198,7 +199,8 @@ def _start_training_sweep(cwd: Path, started: list[subprocess.Popen], resumed: b
     launcher = subprocess.Popen(
         [sys.executable, str(ROOT / "run.py"), "-m", "+exp=mini_moe", "trainer.seed=0,1",
          "hydra/launcher=local", *TINY, *TINY_MOE, "trainer.steps=1000000",
-         "trainer.ckpt_every=1000000", "trainer.val_every=1000000", "trainer.log_every=1"],
+         "trainer.ckpt_every=1000000", "trainer.val_every=1000000", "trainer.log_every=1",
+         *extra],
         cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
         start_new_session=True)
     started.append(launcher)
@@ -223,13 +225,16 @@ def _steps_checkpointed(sweep: Path) -> list[list[int]]:
             for run in sorted(sweep.glob("mini_moe/*"))]
 
 
-def test_ctrl_c_stops_local_jobs_with_a_checkpoint(tmp_path):
+@pytest.mark.parametrize("setup", [False, True])
+def test_ctrl_c_stops_local_jobs_with_a_checkpoint(tmp_path, setup):
     """Ctrl-C at the launcher's terminal: each training job finishes its step, checkpoints
-    and stops (submitit's own controller would kill it at once), and the launcher says so.
-    A launcher that dies stops its jobs the same way, once: they do not run on unseen."""
+    and stops (submitit's own controller would kill it at once), and the launcher says so;
+    also after the launcher's `setup` lines. A launcher that dies stops its
+    jobs the same way, once: they do not run on unseen."""
     started: list[subprocess.Popen] = []
+    extra = [f"hydra.launcher.setup=[':','echo ran >> {tmp_path}/setup.log']"] if setup else []
     try:
-        launcher, sweep = _start_training_sweep(tmp_path, started)
+        launcher, sweep = _start_training_sweep(tmp_path, started, extra=extra)
         os.killpg(launcher.pid, signal.SIGINT)  # what a terminal's Ctrl-C does
         _, err = launcher.communicate(timeout=60)
         assert launcher.returncode == 130, err[-2000:]
@@ -242,6 +247,9 @@ def test_ctrl_c_stops_local_jobs_with_a_checkpoint(tmp_path):
         assert len(steps) == 2 and all(len(s) == 1 and s[0] >= 1 for s in steps), steps
         logs = "".join(p.read_text() for p in sweep.rglob("*_log.err"))
         assert logs.count("SIGINT at step ") == 2 and "Traceback" not in logs
+        if setup:
+            assert (tmp_path / "setup.log").read_text() == "ran\n" * 2
+            return  # the launcher's death below: as without setup lines
 
         launcher, sweep = _start_training_sweep(tmp_path, started, resumed=True)
         launcher.kill()
@@ -327,7 +335,12 @@ def test_the_launchers_report_each_kind_of_failure(tmp_path, monkeypatch, capsys
          "stopped without a result", "err"),
         (FakeJob(tmp_path / "5", "", job_return(JobStatus.FAILED, ValueError("bad value"))),
          "ValueError: bad value", "err"),
+        (FakeJob(tmp_path / "6", "", raises=UncompletedJobError("no log")),  # deleted below
+         "stopped without a result before it started (no log: did a hydra.launcher.setup "
+         "line fail?)", "out"),
     ]
+    for log in (tmp_path / "6").iterdir():  # a local job whose setup line failed: no log
+        log.unlink()
     for i, (job, line, log) in enumerate(cases):
         assert settled(job, [f"+exp=e{i}", "trainer.seed=0"]) == [None]
         assert capsys.readouterr().err == (

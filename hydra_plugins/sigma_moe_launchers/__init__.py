@@ -18,11 +18,14 @@ discovery), so it imports nothing heavy at the top.
 from __future__ import annotations
 
 import os
+import shlex
+import shutil
 import signal
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -87,8 +90,9 @@ class _Settled:
             except UncompletedJobError:  # killed, timed out, or failed outside its task
                 path, log = log_tail(self.job)
                 last = said(log, prefix="")
-                line = said(log) or ("stopped without a result" +
-                                     (f"; its log ends: {last}" if last else ""))
+                line = said(log) or ("stopped without a result" + (
+                    f"; its log ends: {last}" if last else "" if path.exists() else
+                    " before it started (no log: did a hydra.launcher.setup line fail?)"))
             else:
                 if ret.status != JobStatus.FAILED:
                     self.outcome = [ret]
@@ -191,8 +195,8 @@ class SlurmLauncher(_ReportEachJob, plugin.SlurmLauncher):
 class _ControllerStarter:
     """`subprocess` as submitit.local.local's start_controller sees it while the local
     launcher submits: a job's controller is local_controller.py, in a session of its own
-    (with SIGINT blocked until it can take one). A command it does not know (a `setup`
-    shell line, another submitit) starts as before.
+    (with SIGINT blocked until it can take one), also after the launcher's `setup` lines.
+    A command it does not know (another submitit) starts as before.
 
     Each job gets the CPU cores split between the jobs (OMP_NUM_THREADS, unless set): with
     a thread a core each, jobs that share the cores run many times slower than alone."""
@@ -208,12 +212,35 @@ class _ControllerStarter:
     def __getattr__(self, name: str) -> Any:
         return getattr(subprocess, name)
 
-    def Popen(self, cmd: Any, **kwargs: Any) -> subprocess.Popen:  # noqa: N802 (subprocess's)
-        if not (isinstance(cmd, list) and len(cmd) == 4 and cmd[1:3] == self.COMMAND):
-            return subprocess.Popen(cmd, **kwargs)
+    def controller(self, cmd: Any, shell: bool = False) -> list[str] | str | None:
+        """Our controller's command for submitit's `cmd`; None for another command. With
+        `setup` lines, submitit runs `setup && ... && <controller>` in a shell: the shell
+        then execs ours, so that the process started is the controller (its parent the
+        launcher), and a Ctrl-C during the setup lines stays pending for it (SIGINT is
+        blocked in the shell and its commands, if the shell is bash: dash unblocks it;
+        a pending signal survives exec)."""
         script = str(Path(__file__).with_name("local_controller.py"))
+        if not shell:
+            ok = isinstance(cmd, list) and len(cmd) == 4 and cmd[1:3] == self.COMMAND
+            return [cmd[0], script, cmd[3]] if ok else None
+        setup, _, last = cmd.rpartition(" && ") if isinstance(cmd, str) else ("", "", "")
+        try:
+            ours = self.controller(shlex.split(last)) if setup else None
+        except ValueError:  # " && " inside a quoted word: not submitit's command
+            return None
+        return f"{setup} && exec {shlex.join(ours)}" if ours else None
+
+    def Popen(self, cmd: Any, **kwargs: Any) -> subprocess.Popen:  # noqa: N802 (subprocess's)
+        ours = self.controller(cmd, kwargs.get("shell", False))
+        if ours is None:
+            return subprocess.Popen(cmd, **kwargs)
         env = {"OMP_NUM_THREADS": self.threads, **(kwargs.pop("env", None) or os.environ),
                LAUNCHER_PID: str(os.getpid())}
+        if kwargs.get("shell"):  # bash, as the Slurm jobs' setup lines run in (sbatch script)
+            kwargs["executable"] = shutil.which("bash") or kwargs.get("executable")
+            # the controller is the shell's process, not its child: its job id (the
+            # Popen's pid, which names the logs) is its own pid, not its parent's
+            env["SUBMITIT_LOCAL_WITH_SHELL"] = ""
         # The child inherits this thread's mask: SIGINT blocked. A Ctrl-C meanwhile (which
         # another thread, torch's, may take) is raised once the job is in `started`, to be
         # passed on.
@@ -221,8 +248,7 @@ class _ControllerStarter:
         handler = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
         blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
         try:
-            proc = subprocess.Popen([cmd[0], script, cmd[3]], env=env,
-                                    start_new_session=True, **kwargs)
+            proc = subprocess.Popen(ours, env=env, start_new_session=True, **kwargs)
             self.started.append(proc)
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
@@ -269,7 +295,14 @@ class LocalLauncher(_ReportEachJob, plugin.LocalLauncher):
             return self._launch(job_overrides, initial_job_idx, stop_jobs=controllers.stop)
 
 
+@dataclass
+class LocalConf(LocalQueueConf):
+    # shell lines (bash) run before each job, as Slurm's `setup` runs before srun; the
+    # plugin's local config has no such key, though submitit's local executor takes one
+    setup: list[str] | None = None
+
+
 for name, conf in (("slurm_base", SlurmQueueConf(_target_=f"{__name__}.SlurmLauncher")),
-                   ("local_base", LocalQueueConf(_target_=f"{__name__}.LocalLauncher"))):
+                   ("local_base", LocalConf(_target_=f"{__name__}.LocalLauncher"))):
     ConfigStore.instance().store(group="hydra/launcher", name=name, node=conf,
                                  provider="sigma_moe")
