@@ -25,6 +25,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import torch
+import torch.autograd.forward_ad as fwAD
 
 from kernels.grouped_mm import grouped_mm_problem, moe_mlp_grouped_mm
 from kernels.key_value import key_value
@@ -131,8 +132,8 @@ def check_inputs(x_TD, expert_TK, gate_TK, w1_EDG, w2_EGD, hidden_dropout) -> No
     """ValueError for inputs no backend computes correctly (some would return garbage)."""
     E, D, G = w1_EDG.shape if w1_EDG.dim() == 3 else (None,) * 3
     problem = None
-    if x_TD.dim() != 2:
-        problem = "x_TD must be [T, D]"
+    if x_TD.dim() != 2 or not x_TD.is_floating_point():
+        problem = "x_TD must be a floating-point [T, D]"
     elif D != x_TD.shape[1]:
         problem = "w1_EDG must be [E, D, G] with x_TD's D"
     elif tuple(w2_EGD.shape) != (E, G, D):
@@ -156,6 +157,15 @@ def check_inputs(x_TD, expert_TK, gate_TK, w1_EDG, w2_EGD, hidden_dropout) -> No
                         f"moe_mlp: expert ids must be in [0, {E}) (the E of w1_EDG)")
 
 
+def _no_forward_ad(backend: str, *tensors: torch.Tensor) -> None:
+    """The custom ops have backward formulas only; under forward-mode AD (torch.func.jvp,
+    torch.autograd.forward_ad) torch would give their outputs a zero tangent, silently."""
+    if fwAD._current_level >= 0 and any(fwAD.unpack_dual(t).tangent is not None
+                                        for t in tensors):
+        raise NotImplementedError(f"moe_mlp: backend={backend!r} has no forward-mode AD "
+                                  f"(jvp); backend='reference' has")
+
+
 def moe_mlp(x_TD, expert_TK, gate_TK, w1_EDG, w2_EGD, hidden_dropout=0.0, training=False,
             backend="auto", n_chunks=None):
     """y_t = sum_k gate[t,k] * W2[e_tk]^T dropout(relu(W1[e_tk]^T x_t)).
@@ -173,6 +183,7 @@ def moe_mlp(x_TD, expert_TK, gate_TK, w1_EDG, w2_EGD, hidden_dropout=0.0, traini
     if backend == "reference":  # runs on anything, in the inputs' own dtypes
         return moe_mlp_reference(x_TD, expert_TK, gate_TK, w1_EDG, w2_EGD, hidden_dropout,
                                  training)
+    _no_forward_ad(backend, x_TD, gate_TK, w1_EDG, w2_EGD)
     dropout = bool(training) and hidden_dropout > 0
     dtype = compute_dtype(x_TD)  # the dtype the backend computes in decides which can
     x_TD, gate_TK, w1_EDG, w2_EGD = (t.to(dtype) for t in (x_TD, gate_TK, w1_EDG, w2_EGD))

@@ -58,6 +58,9 @@ def selector_logits(x_TD: torch.Tensor, w_ED: torch.Tensor, backend: str = "auto
     Pass the second to `moe_mlp` (with the same `backend`) in place of x: the backward then
     adds the two x gradients inside the selector's product. The reference backend computes
     in its inputs' own dtypes: it gets x as given, beside plain autograd's product."""
+    if x_TD.dim() != 2:
+        raise ValueError(f"selector_logits takes x as [tokens, d_model], not "
+                         f"{list(x_TD.shape)}: flatten its leading dims first")
     if backend == "reference":
         return x_TD @ w_ED.T, x_TD
     return _SelectorLogits.apply(x_TD, w_ED, compute_dtype(x_TD))

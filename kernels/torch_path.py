@@ -29,12 +29,23 @@ the Python loop (and its `.tolist()`) out of the graph.
 # the annotation objects and rejects strings
 
 import itertools
+import os
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
 from torch import Tensor
 
 _POOL: ThreadPoolExecutor | None = None
+
+
+def _forget_pool() -> None:
+    global _POOL
+    _POOL = None
+
+
+# A forked child inherits the pool but not its threads: waiting on it would hang forever
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_pool)
 
 
 _OPENMP = "OpenMP" in torch.__config__.parallel_info()  # fixed when torch was built
@@ -86,6 +97,7 @@ def _run(work, C: int) -> None:
         _POOL = ThreadPoolExecutor(max_workers=workers - 1, thread_name_prefix="sigma_moe")
     caller_threads = torch.get_num_threads()
     threads = max(1, caller_threads // workers)
+    inference = torch.is_inference_mode_enabled()  # per thread, as grad mode
     next_chunk = itertools.count().__next__  # atomic under the GIL
 
     def loop():
@@ -94,7 +106,9 @@ def _run(work, C: int) -> None:
         torch.get_num_threads()
         torch.set_num_threads(threads)
         try:
-            with torch.no_grad():  # grad mode is per thread: keep the workers' ops untracked
+            # grad and inference mode are per thread: the workers' ops untracked, and
+            # allowed to write the caller's inference tensors
+            with torch.inference_mode(inference), torch.no_grad():
                 while (c := next_chunk()) < C:
                     work(c)
         finally:  # also resets the process-wide default that new threads start from

@@ -4,8 +4,11 @@ Every fast path is checked against the per-expert float64 loop of kernels/refere
 (paper Eq. `moe_out`): output and the gradients w.r.t. x, gate, W1 and W2. The Triton
 kernels are in tests/test_kernels_triton.py.
 """
+import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -193,6 +196,47 @@ def test_torch_path_fresh_worker_thread_runs_single_threaded(monkeypatch):
     assert seen == {"helper": share}
 
 
+def test_torch_path_under_inference_mode(monkeypatch):
+    """Inference mode is per thread, as grad mode: the helper workers must enter it too, or
+    writing the caller's (inference) output tensors fails."""
+    monkeypatch.setattr(kernels.torch_path, "_workers", lambda: 2)
+    case = random_case(T=40, D=16, E=4, G=8, K=2, seed=7)
+    args = [case[k].detach() for k in ("x_TD", "expert_TK", "gate_TK", "w1_EDG", "w2_EGD")]
+    with torch.no_grad():
+        want = moe_mlp(*args, backend="torch")
+    with torch.inference_mode():
+        got = moe_mlp(*args, backend="torch")
+    assert torch.equal(got, want)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="POSIX fork")
+def test_torch_path_in_a_forked_child(monkeypatch):
+    """A child forked after the parent used the worker pool inherits the pool but not its
+    thread: it must start its own, not wait forever on the parent's."""
+    monkeypatch.setattr(kernels.torch_path, "_workers", lambda: 2)
+    case = random_case(T=40, D=16, E=4, G=8, K=2, seed=8)
+    args = [case[k].detach() for k in ("x_TD", "expert_TK", "gate_TK", "w1_EDG", "w2_EGD")]
+    with torch.no_grad():
+        want = moe_mlp(*args, backend="torch")  # the pool has its helper thread now
+    pid = os.fork()
+    if pid == 0:  # the child: one OpenMP thread (GNU OpenMP may hang after a fork)
+        code = 1
+        try:
+            torch.set_num_threads(1)
+            with torch.no_grad():
+                code = 0 if torch.equal(moe_mlp(*args, backend="torch"), want) else 2
+        finally:
+            os._exit(code)
+    deadline = time.monotonic() + 60
+    while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if done[0] == 0:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        pytest.fail("the forked child's moe_mlp hangs")
+    assert os.waitstatus_to_exitcode(done[1]) == 0
+
+
 def test_torch_path_workers_add_into_their_own_rows_only(monkeypatch):
     """Concurrent index_add_ into one tensor gave wrong fp16 sums with torch 2.4 (measured:
     4 of 60 runs): each worker adds into a view of its own chunk, ceil(T / C) rows at most."""
@@ -259,7 +303,8 @@ def test_inputs_no_backend_handles_are_refused():
     Triton, a wrong sum on grouped_mm), others failed deep inside with unclear messages."""
     case = random_case(T=6, D=8, E=4, G=8, K=2)
     x, e, g, w1, w2 = (case[k] for k in ("x_TD", "expert_TK", "gate_TK", "w1_EDG", "w2_EGD"))
-    bad = {"x_TD must be": dict(x=x[None]), "w1_EDG must be": dict(w1=w1[:, :4]),
+    bad = {"x_TD must be": dict(x=x[None]), "x_TD must be a floating-point": dict(x=x.long()),
+           "w1_EDG must be": dict(w1=w1[:, :4]),
            "w2_EGD must be": dict(w2=w2[:3]), "expert_TK must be": dict(e=e[:, :0], g=g[:, :0]),
            "expert_TK must have x_TD's T": dict(e=e[:5], g=g[:5]),
            "gate_TK must have": dict(g=g[:, :1]),
@@ -273,6 +318,27 @@ def test_inputs_no_backend_handles_are_refused():
         ids[2, 1] = wrong
         with pytest.raises(RuntimeError, match=r"expert ids must be in \[0, 4\)"):
             moe_mlp(x, ids, g, w1, w2, backend="torch")
+
+
+@pytest.mark.parametrize("how", ["forward_ad", "func.jvp"])
+def test_forward_mode_ad_is_refused_not_zero(how):
+    """The custom ops have no forward-AD formula; torch would give a zero tangent."""
+    import torch.autograd.forward_ad as fwAD
+
+    case = random_case(T=6, D=8, E=4, G=8, K=2)
+    x, e, g, w1, w2 = (case[k].detach() for k in ("x_TD", "expert_TK", "gate_TK", "w1_EDG",
+                                                   "w2_EGD"))
+    with pytest.raises(NotImplementedError, match="backend='torch' has no forward-mode AD"):
+        if how == "func.jvp":
+            torch.func.jvp(lambda x: moe_mlp(x, e, g, w1, w2, backend="torch"), (x,),
+                           (torch.ones_like(x),))
+        else:
+            with fwAD.dual_level():
+                moe_mlp(fwAD.make_dual(x, torch.ones_like(x)), e, g, w1, w2, backend="torch")
+    with fwAD.dual_level():  # the reference computes it; and a dual level alone is no error
+        y = moe_mlp(fwAD.make_dual(x, torch.ones_like(x)), e, g, w1, w2, backend="reference")
+        assert fwAD.unpack_dual(y).tangent.abs().sum() > 0
+        moe_mlp(x, e, g, w1, w2, backend="torch")
 
 
 @pytest.mark.skipif(NO_GROUPED_MM is not None, reason=str(NO_GROUPED_MM))

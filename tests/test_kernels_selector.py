@@ -96,6 +96,14 @@ def test_float64_under_autocast_stays_float64():
     assert logits.dtype == xe.dtype == torch.float64
 
 
+@pytest.mark.parametrize("backend", ["auto", "reference"])
+def test_x_with_batch_dims_is_refused(backend):
+    """Its backward's products are 2-D: a [B, T, D] x went through the forward and failed
+    in the backward."""
+    with pytest.raises(ValueError, match=r"not \[2, 5, 8\]: flatten its leading dims"):
+        selector_logits(torch.randn(2, 5, 8), torch.randn(3, 8), backend)
+
+
 def test_compile_fullgraph_traces_the_layer():
     """selector -> sigmoid -> top-K -> moe_mlp, compiled whole, against eager."""
     case = random_case(T=21, D=16, E=5, G=8, K=2)
