@@ -1,7 +1,8 @@
 """Expert selection's top-K in one Triton kernel (paper Eq. `moe_out`: E_x = argtopk(s, K)).
 
-    expert_TK[t] = the K largest s[t, :], largest first; ties to the lower expert id,
-    NaN ranks above everything, +inf included (as torch.topk)
+    expert_TK[t] = the K largest s[t, :], largest first; NaN ranks above everything,
+    +inf included (as torch.topk); ties to the lower expert id (torch.topk's tie order
+    is unspecified: the values match, the ids of equal scores may not)
 
 The rows are short (E = 8-512 experts) and many (32768 tokens): torch.topk sorts each row's
 K results in a second kernel and took 79 us of the fused layer's 1275 (H200, bf16, T 32768,
