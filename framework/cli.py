@@ -104,6 +104,9 @@ def _is_utf8(path: Path) -> bool:
         return False
 
 
+OVERRIDES = "overrides.yaml"  # in a run directory: the command-line overrides it ran with
+
+
 def dirname(overrides: str, limit: int = 120) -> str:
     """Run directory name from the overrides: one directory, so a path in a value
     (`dataset.source=/data/wt103`) has its `/` written `%2F` (and `%` `%25`; undone by
@@ -113,6 +116,11 @@ def dirname(overrides: str, limit: int = 120) -> str:
     if len(overrides) <= limit:
         return overrides
     return f"{overrides[:limit - 13]}..{hashlib.sha256(overrides.encode()).hexdigest()[:11]}"
+
+
+def is_cut(name: str) -> bool:
+    """Whether a run directory's name is `dirname`'s cut of longer overrides."""
+    return re.search(r"\.\.[0-9a-f]{11}$", name) is not None
 
 
 def undirname(name: str) -> str:

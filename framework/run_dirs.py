@@ -20,13 +20,15 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 try:
     import fcntl
 except ImportError:  # Windows: no flock, runs are not locked
     fcntl = None
 
-from framework.checkpoint import list_broken, list_checkpoints
-from framework.cli import dirname, removable_up_to
+from framework.checkpoint import atomic_write_bytes, list_broken, list_checkpoints
+from framework.cli import OVERRIDES, dirname, removable_up_to
 from framework.config import ConfigError
 from framework.experiment import (
     EVAL_SETTINGS,
@@ -179,6 +181,20 @@ def prepare_run_dir(cfg: dict[str, Any], run_dir: Path, held: ExitStack | None =
     if mode != "train":
         return run_dir
     return choose_run_dir(cfg, run_dir, held)
+
+
+def write_overrides(run_dir: Path) -> None:
+    """Record the run's command-line overrides (Hydra's list, as Hydra's own
+    .hydra/overrides.yaml) and its directory's name uncut: `dirname` cuts a long one to a
+    hash, after which the overrides (the seed among them) cannot be read from the name
+    (scripts/run_results.py `run_overrides`). Nothing outside a Hydra run."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return
+    hc = HydraConfig.get()
+    record = {"overrides": list(hc.overrides.task), "dirname": hc.job.override_dirname}
+    atomic_write_bytes(run_dir / OVERRIDES, yaml.safe_dump(record, sort_keys=False).encode())
 
 
 def names_without_eval_settings(overrides: list[str], exclude_keys: list[str],

@@ -374,15 +374,21 @@ def main(argv: list[str] | None = None) -> list[Path]:
 
 
 def distinct_labels(runs: list[dict[str, Any]]) -> None:
-    """Runs of one experiment are told apart by their directories' overrides
-    (`mini_moe [ffn.k=2,trainer.seed=1]`), else (the same ones) by their position (`#1`)."""
-    from scripts.run_results import run_overrides
+    """Runs of one experiment are told apart by the overrides in which their directories
+    differ (`mini_moe [trainer.seed=1]`), else (the same ones) by their position (`#1`)."""
+    from scripts.run_results import run_overrides, split_overrides
 
-    names = [r["label"] for r in runs]
+    groups: dict[str, list[dict[str, Any]]] = {}
     for r in runs:
-        if names.count(r["label"]) > 1 and (over := run_overrides(Path(r["run_dir"]),
-                                                                  r["label"])):
-            r["label"] += f" [{over}]"
+        groups.setdefault(r["label"], []).append(r)
+    for label, group in groups.items():
+        if len(group) < 2:
+            continue
+        items = [split_overrides(run_overrides(Path(r["run_dir"]), label)) for r in group]
+        common = set.intersection(*map(set, items))
+        for r, its in zip(group, items):
+            if own := [it for it in its if it not in common]:
+                r["label"] += f" [{','.join(own)}]"
     labels = [r["label"] for r in runs]
     for i, r in enumerate(runs):
         if labels.count(r["label"]) > 1:

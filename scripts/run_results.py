@@ -42,6 +42,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 ROOT = Path(__file__).resolve().parent.parent
 SEED_KEYS = {"trainer.seed"}
 
@@ -81,21 +83,41 @@ class Skipped:
 def run_overrides(run_dir: Path, name: str) -> str | None:
     """The overrides of `.../<name>/<overrides>` ('' for `.../<name>`), None if the
     directory was chosen by hand. A `fresh=true` sibling (`-2`, `-3`) has the same ones: the
-    suffix goes when the directory it was made beside exists (`trainer.lr=1e-3` keeps it)."""
-    from framework.cli import undirname
+    suffix goes when the directory it was made beside exists (`trainer.lr=1e-3` keeps it).
+    A name cut to a hash (over 120 characters) is read from the run's overrides.yaml."""
+    from framework.cli import is_cut, undirname
 
     pat = re.compile(rf"^{re.escape(name)}(-\d+)?$")
     if pat.match(run_dir.name):
         return ""
     if pat.match(run_dir.parent.name):
         first = re.sub(r"-\d+$", "", run_dir.name)
-        return undirname(first if (run_dir.parent / first).is_dir() else run_dir.name)
+        shown = first if (run_dir.parent / first).is_dir() else run_dir.name
+        return (is_cut(shown) and recorded_overrides(run_dir)) or undirname(shown)
     return None
 
 
+def recorded_overrides(run_dir: Path) -> str | None:
+    """The uncut overrides of its directory's name that a run recorded
+    (framework/run_dirs.py `write_overrides`); None for a run from before it did."""
+    from framework.cli import OVERRIDES
+
+    try:
+        record = yaml.safe_load((run_dir / OVERRIDES).read_text())
+    except (OSError, yaml.YAMLError):
+        return None
+    dirname = record.get("dirname") if isinstance(record, dict) else None
+    return dirname if isinstance(dirname, str) else None
+
+
+def split_overrides(overrides: str | None) -> list[str]:
+    """`a=1,b=[2,3]` -> ['a=1', 'b=[2,3]'] (a comma inside a value does not split)."""
+    return re.split(r",(?=[\w.+~/@-]+=)", overrides) if overrides else []
+
+
 def other_overrides(overrides: str | None) -> list[str]:
-    items = re.split(r",(?=[\w.+~/@-]+=)", overrides) if overrides else []
-    return [it for it in items if it.split("=", 1)[0].lstrip("+~") not in SEED_KEYS]
+    return [it for it in split_overrides(overrides)
+            if it.split("=", 1)[0].lstrip("+~") not in SEED_KEYS]
 
 
 # -- the experiments' configs -----------------------------------------------------------------

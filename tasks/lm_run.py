@@ -29,6 +29,7 @@ from framework.experiment import (
     write_results,
 )
 from framework.loggers import LoggerConfig, RunLogger
+from framework.run_dirs import write_overrides
 from framework.trainer import (
     Trainer,
     TrainerConfig,
@@ -114,6 +115,7 @@ def run(cfg: dict[str, Any], run_dir: Path) -> dict[str, Any] | None:
         # fails when there is no checkpoint, and must leave no directory behind then)
         if mode == "train" and not list_checkpoints(run_dir):
             atomic_write_bytes(run_dir / "config.yaml", OmegaConf.to_yaml(cfg).encode())
+            write_overrides(run_dir)
     seed_everything(trainer_cfg.seed)  # same init on every rank (DDP also broadcasts it)
     model = TransformerXL(model_cfg).to(device)
     seed_everything(trainer_cfg.seed + dist_info.rank)  # own dropout masks per rank

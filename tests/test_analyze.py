@@ -336,3 +336,16 @@ def test_runs_of_one_experiment_are_labelled_by_their_overrides(tmp_path):
     assert [r["label"] for r in runs] == [
         "glu [ffn.k=2,trainer.seed=0]", "glu [ffn.k=4,trainer.seed=0]", "glu#2", "glu#3",
         "dense"]
+    # only what differs: the seeds of one long command (its directories' names cut to a
+    # hash, the overrides recorded uncut)
+    from framework.cli import OVERRIDES, dirname
+
+    long = ",".join(f"model.k{i}=1" for i in range(15))
+    runs = []
+    for seed in (0, 1):
+        over = f"{long},trainer.seed={seed}"
+        (tmp_path / "moe" / dirname(over)).mkdir(parents=True)
+        (tmp_path / "moe" / dirname(over) / OVERRIDES).write_text(f"dirname: {over}\n")
+        runs.append({"label": "moe", "run_dir": str(tmp_path / "moe" / dirname(over))})
+    analyze.distinct_labels(runs)
+    assert [r["label"] for r in runs] == ["moe [trainer.seed=0]", "moe [trainer.seed=1]"]

@@ -50,6 +50,25 @@ def test_groups_by_overrides_but_the_seed_and_keeps_the_newest_rerun(tmp_path, c
     assert compare_runs.main(["--runs", str(runs), "--name", "oth*"]).count("\n") == 3
 
 
+def test_seeds_of_long_overrides_group_by_what_the_runs_recorded(tmp_path):
+    """Over 120 characters a directory's name is cut to a hash of all of it, the seed
+    included: the seeds of one command were two rows of cut names. The runs record their
+    overrides uncut (overrides.yaml); a run from before that keeps its cut name."""
+    from framework.cli import OVERRIDES, dirname
+
+    runs, long = tmp_path / "runs", ",".join(f"model.k{i}=1" for i in range(15))
+    for seed in (0, 1, 2):
+        over = f"{long},trainer.seed={seed}"
+        finished(runs / "glu" / dirname(over), "glu", seed, 1.0 + seed)
+        if seed < 2:
+            (runs / "glu" / dirname(over) / OVERRIDES).write_text(yaml.safe_dump(
+                {"overrides": [f"+exp=glu,{over}"], "dirname": over}))
+    rows = sorted(line.split(" | bpc |")[0] for line in
+                  compare_runs.main(["--runs", str(runs)]).splitlines()[2:])
+    assert rows == sorted([f"| glu | {long} | 0,1",
+                           f"| glu | {dirname(long + ',trainer.seed=2')} | 2"])
+
+
 def test_runs_of_one_command_with_other_configs_are_told_apart(tmp_path):
     """The experiment file changed between two seeds: averaging them would mix configs."""
     runs = tmp_path / "runs"

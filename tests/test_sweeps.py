@@ -24,6 +24,7 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 from submitit.slurm.slurm import SlurmJobEnvironment
 
+from framework.cli import OVERRIDES, dirname, is_cut
 from framework.config import ConfigError
 from scripts import make_sweeps
 from tests.helpers import TINY, TINY_MOE, compose_sweep, jobs
@@ -247,6 +248,11 @@ def test_ctrl_c_stops_local_jobs_with_a_checkpoint(tmp_path, setup):
         assert len(steps) == 2 and all(len(s) == 1 and s[0] >= 1 for s in steps), steps
         logs = "".join(p.read_text() for p in sweep.rglob("*_log.err"))
         assert logs.count("SIGINT at step ") == 2 and "Traceback" not in logs
+        for run in sweep.glob("mini_moe/*"):  # each recorded its overrides, uncut
+            recorded = yaml.safe_load((run / OVERRIDES).read_text())
+            assert dirname(recorded["dirname"]) == run.name and is_cut(run.name)
+            assert "+exp=mini_moe" in recorded["overrides"] and "trainer.seed=" in run.name \
+                or any(o.startswith("trainer.seed=") for o in recorded["overrides"])
         if setup:
             assert (tmp_path / "setup.log").read_text() == "ran\n" * 2
             return  # the launcher's death below: as without setup lines
