@@ -7,6 +7,7 @@ runs the final evaluation), `eval` (final evaluation of the last checkpoint only
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 import sys
 from pathlib import Path
@@ -33,6 +34,7 @@ from framework.run_dirs import write_overrides
 from framework.trainer import (
     Trainer,
     TrainerConfig,
+    TrainingDiverged,
     note,
     resolve_device,
     resolve_precision,
@@ -172,6 +174,7 @@ def run(cfg: dict[str, Any], run_dir: Path) -> dict[str, Any] | None:
             results[split] = {k: v for k, v in r.items() if k != "routing"}
             results[f"{split}_routing"] = r["routing"]
             logger.log({f"final_{split}/{k}": v for k, v in results[split].items()}, trainer.step)
+            check_finite(results[split], split, trainer.step, mode)
         if not dist_info.is_main:
             return results
         # results.json marks a finished run (a rerun skips it): an eval of a checkpoint
@@ -195,6 +198,19 @@ def run(cfg: dict[str, Any], run_dir: Path) -> dict[str, Any] | None:
         return results
     finally:
         logger.close()
+
+
+def check_finite(metrics: dict[str, float], split: str, step: int, mode: str) -> None:
+    """A non-finite final loss is a diverged run (nan_policy=skip can skip every step of a
+    short run, fewer than it gives up after), not a result: no results.json (it would mark
+    the run finished, with a NaN no table can read)."""
+    bad = {k: v for k, v in metrics.items() if not math.isfinite(v)}
+    if bad:
+        what = ", ".join(f"{k} {v}" for k, v in bad.items())
+        raise TrainingDiverged(
+            f"the {split} set gives a non-finite {what} with the weights of step {step}: "
+            + ("the run has diverged; lower trainer.lr and start over (fresh=true)"
+               if mode == "train" else "this checkpoint's weights have diverged"))
 
 
 def data_line(record: dict[str, Any]) -> str:

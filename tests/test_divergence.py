@@ -91,6 +91,26 @@ def test_nan_skip_policy_gives_up_after_steps_skipped_in_a_row(tmp_path, monkeyp
     assert not (tmp_path / "results.json").exists()
 
 
+def test_a_run_whose_final_evaluation_is_not_finite_has_not_finished(tmp_path, monkeypatch):
+    """Weights gone bad in the last steps, fewer skipped than nan_policy=skip gives up after
+    (a short run at a huge lr skips every step): the run is no result, and no results.json
+    marks it finished with a NaN (invalid JSON, which every table then warns about)."""
+    real = Trainer.fit
+
+    def diverged(self):
+        real(self)
+        with torch.no_grad():
+            self.model.blocks[1].ffn.w1_EDG.fill_(float("inf"))
+
+    monkeypatch.setattr(Trainer, "fit", diverged)
+    with pytest.raises(TrainingDiverged) as err:
+        RUN(compose_cfg([*OVERRIDES, "trainer.nan_policy=skip"]), tmp_path)
+    assert str(err.value) == (
+        "the valid set gives a non-finite loss nan, bpc nan with the weights of step 10: the "
+        "run has diverged; lower trainer.lr and start over (fresh=true)")
+    assert not (tmp_path / "results.json").exists()
+
+
 def test_steps_skipped_in_a_row_do_not_prune_the_checkpoints_before_them(tmp_path,
                                                                           monkeypatch):
     """While steps are skipped the weights are those of the last applied step: saved once
