@@ -215,6 +215,9 @@ def main(argv=None) -> dict:
     args, changed = parse_args(argv)
     device = torch.device(args.device)
     dtype = DTYPES[args.dtype]
+    if args.profile > 0 and device.type != "cuda":
+        print(f"note: --profile times CUDA kernels; not on {device.type} (ignored)",
+              file=sys.stderr)
     name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
     path = args.out or out_path(f"train_{device_slug(name)}.json", changed)
     out = {"device": name, "dtype": str(dtype), "torch": torch.__version__,

@@ -33,6 +33,9 @@
 # Each step's limit in seconds: MOE_LIMIT, PROFILE_LIMIT, PRODUCTS_LIMIT, TESTS_LIMIT,
 # RELSHIFT_LIMIT, TRAIN_LIMIT, NCU_LIMIT, SWEEP_LIMIT, SWEEPS_LIMIT. TESTS_MARK=gpu runs the `gpu` tests
 # only; TESTS_WORKERS=1 runs them in one process.
+# Without a CUDA device (torch.cuda.is_available() False) it refuses at once, exit 1: every
+# step would run on the CPU for minutes and tell nothing. GPU_CHECK_ALLOW_CPU=1 runs it
+# there anyway (a dry run of the steps' commands).
 set -uo pipefail
 SECONDS=0  # bash would take an exported SECONDS as its start
 case ${1:-} in
@@ -60,6 +63,21 @@ done
 if ((min_step < 1)); then
   echo "error: MIN_STEP must be at least 1 (timeout 0 never ends)"
   exit 2
+fi
+# torch only (the GPU machine has no Hydra); 3: torch without CUDA, any other failure is
+# python's or torch's own (its traceback shown)
+if [[ ${GPU_CHECK_ALLOW_CPU:-0} != 1 ]]; then
+  "$py" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 3)'
+  rc=$?
+  case $rc in
+    0) ;;
+    3) echo "error: scripts/gpu_check.sh needs a CUDA device (torch.cuda.is_available() is" \
+         "False here)"
+       exit 1 ;;
+    *) echo "error: scripts/gpu_check.sh: $py could not tell whether a CUDA device is here" \
+         "(exit $rc; it needs torch)"
+       exit 1 ;;
+  esac
 fi
 export PYTHONUNBUFFERED=1
 mkdir -p "$out" || exit
@@ -103,7 +121,8 @@ run() {  # run NAME SECONDS CMD...: CMD's output to the terminal and to the log
 
 run env 30 bash -c "nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,\
 clocks.max.sm,temperature.gpu,power.draw --format=csv; $py -c 'import torch, triton, numpy; \
-print(torch.__version__, triton.__version__, numpy.__version__, torch.cuda.get_device_name())'"
+print(torch.__version__, triton.__version__, numpy.__version__, torch.cuda.get_device_name() \
+if torch.cuda.is_available() else \"no CUDA device\")'"
 # the torch path and the per-expert loop are left out: host-synced, seconds per case here
 run moe "${MOE_LIMIT:-150}" "$py" scripts/bench_moe.py --check --sweeps \
   --backends triton triton_unfused grouped_mm --out "$res/moe.json"

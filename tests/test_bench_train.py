@@ -55,6 +55,30 @@ def test_only_the_default_run_writes_benchmarks(tmp_path, monkeypatch, capsys):
     assert (tmp_path / "benchmarks" / "train_cpu.json").is_file()
 
 
+def test_profile_on_a_cpu_says_it_is_ignored(tmp_path, monkeypatch, capsys):
+    """--profile times CUDA kernels only: on a CPU one note on stderr, and the run goes on;
+    on a GPU (driven with a name, nothing run) and without --profile, no note."""
+    row = {"batch": 16, "moe_over_dense_time": 0.8, "moe_over_dense_quartiles": [0.7, 0.9],
+           **{k: {"peak_mb": None, "n_params": 1, "ms": 1.0, "tokens_per_s": 1.0,
+                  "over_dense": 0.8, "over_dense_quartiles": [0.7, 0.9]}
+              for k in ("dense", "sigma_moe")}}
+    profiles = []
+    monkeypatch.setattr(bench_train, "bench_shape",
+                        lambda *a: profiles.append(a[6]) or row)  # nothing is timed
+    out = ["--out", str(tmp_path / "t.json")]
+    bench_train.main(["--device", "cpu", "--profile", "12", *out])
+    said = capsys.readouterr()
+    assert said.err.splitlines() == ["note: --profile times CUDA kernels; not on cpu (ignored)"]
+    assert "mini" in said.out and (tmp_path / "t.json").is_file()  # and it went on
+    bench_train.main(["--device", "cpu", *out])
+    assert capsys.readouterr().err == ""
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    bench_train.main(["--device", "cuda", "--profile", "12", *out])
+    assert "note:" not in capsys.readouterr().err
+    assert profiles == [12, 0, 12, 12]  # wt_small and wt_big on the GPU
+
+
 def test_bench_train_halves_the_batch_when_a_step_does_not_fit(monkeypatch, tmp_path):
     measure, tried = bench_train.bench_batch, []
 

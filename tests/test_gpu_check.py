@@ -60,8 +60,9 @@ def test_ncu_table_reads_the_raw_csv_among_ncu_log_lines(tmp_path, capsys):
 def _gpu_check(tmp_path, out="out", returncode=0, **env):
     """Run scripts/gpu_check.sh with a stand-in python (records its arguments, writes an
     empty JSON where --out says; FAIL=script exits 1 for that script, SLEEP=script sleeps
-    10 s) and a stand-in ncu (records, then runs the program it wraps). -> (the calls as
-    argument lists, the log's (step, exit) pairs, the log's text)."""
+    10 s; exits 0 for the script's CUDA probe, as on a CUDA machine) and a stand-in ncu
+    (records, then runs the program it wraps). -> (the calls as argument lists, the log's
+    (step, exit) pairs, the log's text)."""
     import shlex
     import subprocess
 
@@ -183,6 +184,40 @@ def test_gpu_check_help_prints_its_header_and_runs_nothing(tmp_path):
         done = gpu_check(*args)
         assert done.returncode == 2 and done.stdout.startswith(said)
     assert not (tmp_path / "out").exists() and not Path("a").exists()
+
+
+def test_gpu_check_refuses_without_cuda_unless_told(tmp_path):
+    """Without a CUDA device (this python's torch, CUDA_VISIBLE_DEVICES empty) the check
+    refuses in one line before it runs or creates anything: on a CPU every step would run
+    for minutes and tell nothing. GPU_CHECK_ALLOW_CPU=1 runs it anyway, and its env step
+    says "no CUDA device" where torch.cuda.get_device_name would raise. A python that
+    cannot answer (no torch) is refused too."""
+    pytest.importorskip("triton")  # the env step imports it (a GPU machine has it)
+    import subprocess
+    import sys
+
+    def gpu_check(py=sys.executable, **env):
+        return subprocess.run(
+            ["bash", "scripts/gpu_check.sh", str(tmp_path / "out")], text=True,
+            capture_output=True, cwd=Path(__file__).resolve().parents[1], timeout=120,
+            env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "PYTHON": py,
+                 "CUDA_VISIBLE_DEVICES": "", "TRITON_CACHE_DIR": str(tmp_path / "cache"),
+                 "STEPS": "env", **env})
+
+    done = gpu_check()
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert done.stdout.splitlines() == ["error: scripts/gpu_check.sh needs a CUDA device "
+                                        "(torch.cuda.is_available() is False here)"]
+    assert not (tmp_path / "out").exists()
+    done = gpu_check("false")
+    assert done.returncode == 1 and done.stdout.startswith(
+        "error: scripts/gpu_check.sh: false could not tell whether a CUDA device is here")
+    assert not (tmp_path / "out").exists()
+    done = gpu_check(GPU_CHECK_ALLOW_CPU="1")
+    assert done.returncode == 0, done.stdout + done.stderr
+    log = (tmp_path / "out" / "gpu_check.log").read_text()
+    assert "=== env: exit 0" in log and "Traceback" not in log
+    assert f"{torch.__version__} " in log and " no CUDA device" in log
 
 
 # Triton's own record of two tunings, written by its Autotuner.check_disk_cache (what a
