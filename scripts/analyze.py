@@ -2,7 +2,7 @@
 `counts_big` / `counts_enwik8`, Figs. `moe_counts_example` / `moe_counts_all`, Fig.
 `coocurence`).
 
-    python scripts/analyze.py runs/wt103_small_dense                 # Fig. 1
+    python scripts/analyze.py runs/wt103_small_dense --split valid,test --max-segments 0  # Fig. 1
     python scripts/analyze.py runs/wt103_star_moe runs/wt103_star_switch --layer 6
     python scripts/analyze.py runs/x/checkpoint_00100000.pt --split test --max-segments 50
 
@@ -11,8 +11,9 @@ checkpoint file inside a run directory) the model and data are rebuilt exactly a
 built them, one evaluation pass with routing statistics runs (`LMTask.evaluate(...,
 stats=True)`, the numbers of models/ffn/base.py `RoutingStats.summary()`), and the figures
 are drawn, each as PNG and PDF, beside `analysis.json` with every number they show (by
-default in `<first run>/analysis/<split>/`, so the two splits of Fig. 1 do not overwrite
-each other):
+default in `<first run>/analysis/<split>/`, `valid+test` when pooled, so analyses of
+different splits do not overwrite each other; figures of an earlier analysis there that
+this one does not redraw are removed):
 
 * active_channels: non-zero hidden channels of u per layer, mean ± std over tokens
   (dense and top-k models; paper Fig. 1).
@@ -21,7 +22,10 @@ each other):
   expert_usage_layer<L> for that layer alone.
 * cooccurrence_layer<L>: row e is the distribution of the experts chosen together with e
   (P(f chosen | e chosen) over tokens, diagonal zeroed, scaled to sum 1; paper Fig.
-  coocurence); every layer, or only `--layer L`.
+  coocurence); every layer, or only `--layer L`. None for a K=1 run (Switch): no expert
+  is chosen with another (a note says so).
+`--layer` asks for the expert figures: refused unless a run has experts (sigma_moe, switch,
+sbase); the other runs are left out of them.
 `--split valid,test` pools the splits (paper Fig. 1: "all tokens of the test and validation
 set"): one evaluation each, their routing statistics summed.
 Layers are numbered from 1 (the paper's "Layer 5" is most likely 0-based, our 6:
@@ -266,6 +270,12 @@ def plot_usage(runs: list[dict[str, Any]], out: Path, layer: int | None = None) 
     return paths
 
 
+def experts_per_token(cooc: list[list[float]]) -> int:
+    """K, read off P(f chosen | e chosen): a used expert's row sums to K (itself, and the
+    K-1 others of each of its tokens, a token's K experts being distinct); 0: none used."""
+    return int(round(np.asarray(cooc, dtype=float).sum(1).max(initial=0.0)))
+
+
 def cooccurrence_distribution(cooc: list[list[float]]) -> np.ndarray:
     """Row e: the distribution of the experts chosen together with e (paper Fig. coocurence,
     "each row shows the distribution"; the authors' plot_coocurence.py): P(f | e) with the
@@ -283,9 +293,14 @@ def plot_cooccurrence(runs: list[dict[str, Any]], out: Path,
     paths: list[Path] = []
     for r in runs:
         suffix = "_" + re.sub(r"[^\w.#-]", "_", r["label"]) if len(runs) > 1 else ""
-        for la in r["layers"]:
-            if "cooccurrence" not in la or (layer is not None and la["layer"] != layer):
-                continue
+        layers = [la for la in r["layers"]
+                  if "cooccurrence" in la and (layer is None or la["layer"] == layer)]
+        if layers and all(experts_per_token(la["cooccurrence"]) == 1 for la in layers):
+            # every row all zeros: an empty heatmap per layer would say nothing
+            print(f"note: {r['label']}: K=1: no experts are used together; no co-occurrence "
+                  f"figure", file=sys.stderr)
+            continue
+        for la in layers:
             fig, ax = plt.subplots(figsize=(4.5, 3.8))
             m = np.asarray(la["cooccurrence_distribution"], dtype=float)
             n = len(m)  # experts numbered from 1, as the paper's figure
@@ -300,15 +315,31 @@ def plot_cooccurrence(runs: list[dict[str, Any]], out: Path,
     return paths
 
 
+# this script's figures, by name: an earlier analysis's are removed, nothing else
+FIGURE_NAME = re.compile(
+    r"(active_channels|expert_usage(_layer\d+)?|cooccurrence_layer\d+(_.+)?)\.(png|pdf)")
+
+
+def remove_stale_figures(out: Path, written: list[Path]) -> None:
+    """The figures of an earlier analysis in `out` that this one did not redraw (another
+    --layer, other runs): left there, they would pass for those of the new analysis.json."""
+    keep = {p.name for p in written}
+    for p in out.iterdir():
+        if FIGURE_NAME.fullmatch(p.name) and p.name not in keep and p.is_file():
+            p.unlink()
+
+
 def write_figures(runs: list[dict[str, Any]], out: Path,
                   layer: int | None = None) -> list[Path]:
     """Every figure that applies to these runs, and analysis.json with their numbers (written
-    whole or not at all: an earlier analysis is not lost to a full disk)."""
+    whole or not at all: an earlier analysis is not lost to a full disk); the figures of an
+    earlier analysis in `out` that this one does not redraw are removed."""
     from framework.checkpoint import atomic_write_bytes
 
     out.mkdir(parents=True, exist_ok=True)
     paths = plot_active(runs, out) + plot_usage(runs, out, layer)
     paths += plot_cooccurrence(runs, out, layer)
+    remove_stale_figures(out, paths)
     text = json.dumps({"runs": runs}, indent=1) + "\n"
     atomic_write_bytes(out / "analysis.json", text.encode())
     return [*paths, out / "analysis.json"]
@@ -348,7 +379,7 @@ def main(argv: list[str] | None = None) -> list[Path]:
                     help="evaluate the first N segments (0 = whole split; default: the "
                          "run's task.final_segments)")
     ap.add_argument("--layer", type=int, help="co-occurrence (and one usage panel) of this "
-                                              "layer only, numbered from 1")
+                                              "layer only, numbered from 1 (MoE runs)")
     ap.add_argument("--device", default="auto")
     args = ap.parse_args(argv)
     if args.max_segments is not None and args.max_segments < 0:
@@ -395,15 +426,46 @@ def distinct_labels(runs: list[dict[str, Any]]) -> None:
             r["label"] += f"#{i}"
 
 
+def has_experts(ffn_kind: str) -> bool:
+    """Whether the ffn variant chooses experts (models/ffn/experts.py `ExpertsFFN`: sigma_moe,
+    switch, sbase): only those record the routing the expert figures draw."""
+    from models.ffn import FFNS
+    from models.ffn.experts import ExpertsFFN
+
+    return issubclass(FFNS.get(ffn_kind), ExpertsFFN)
+
+
+def check_expert_layer(ap: argparse.ArgumentParser, configs: list[dict[str, Any]],
+                       layer: int) -> None:
+    """--layer asks for the expert usage and co-occurrence figures: a run without experts
+    has none (a dense run's analysis wrote neither, silently), so it is left out of them,
+    and with no MoE run at all nothing is evaluated."""
+    from framework.config import ConfigError
+    from models.ffn import FFNS
+
+    moe = [c for c in configs if has_experts(c["model_cfg"].ffn_kind)]
+    if not moe:
+        kinds = ", ".join(k for k in FFNS.names() if has_experts(k))
+        given = ", ".join(sorted({c["model_cfg"].ffn_kind for c in configs}))
+        raise ConfigError(f"--layer {layer}: the expert usage and co-occurrence figures need "
+                          f"a MoE run (ffn {kinds}), and no run given is one (ffn {given}); "
+                          f"without --layer: the active channels of Fig. 1")
+    n_layers = min(c["model_cfg"].n_layers for c in moe)
+    if not 1 <= layer <= n_layers:
+        ap.error(f"--layer {layer}: the runs have layers 1..{n_layers}")
+    for c in configs:
+        if not has_experts(c["model_cfg"].ffn_kind):
+            print(f"note: {c['path']} (ffn {c['model_cfg'].ffn_kind}) has no experts: left "
+                  f"out of the expert usage and co-occurrence figures", file=sys.stderr)
+
+
 def analyze_all(ap: argparse.ArgumentParser, args: argparse.Namespace) -> list[Path]:
     """Every check first (the arguments, each run's config, checkpoint and data, the output
     folder), then the evaluations, which can take hours on a whole split."""
     dev = resolve_device(args.device)
     configs = [run_config(p, dev) for p in args.paths]
     if args.layer is not None:
-        n_layers = min(c["model_cfg"].n_layers for c in configs)
-        if not 1 <= args.layer <= n_layers:
-            ap.error(f"--layer {args.layer}: the runs have layers 1..{n_layers}")
+        check_expert_layer(ap, configs, args.layer)
     # splits side by side
     out = args.out or configs[0]["run_dir"] / "analysis" / "+".join(args.split)
     check_writable(out)

@@ -100,7 +100,8 @@ def test_bad_arguments_stop_before_the_evaluation(runs, monkeypatch, capsys):
 
 
 def test_default_output_per_split(runs, tmp_path, capsys):
-    """docs/reproducing.md runs both splits for Fig. 1: the second must not overwrite."""
+    """Each split has a folder of its own (valid+test when pooled): the second split's
+    analysis must not overwrite the first's."""
     run_dir = tmp_path / "dense"
     shutil.copytree(runs / "dense", run_dir)
     for split in ("test", "valid"):
@@ -154,6 +155,8 @@ def test_hand_built_routing(tmp_path):
     alone = analyze.cooccurrence_distribution([[3.0, 0.0], [0.0, 0.0]])  # K = 1, a dead one
     assert alone.tolist() == [[0.0, 0.0], [0.0, 0.0]]
     assert saved[0]["dead_fraction"] == 0.0
+    assert analyze.experts_per_token(saved[0]["cooccurrence"]) == 2
+    assert analyze.experts_per_token([[1.0, 0.0], [0.0, 0.0]]) == 1  # K = 1, a dead one
     assert saved[1]["active_mean"] == 1.5 and saved[1]["active_std"] == 0.5  # counts 2 and 1
 
 
@@ -349,3 +352,67 @@ def test_runs_of_one_experiment_are_labelled_by_their_overrides(tmp_path):
         runs.append({"label": "moe", "run_dir": str(tmp_path / "moe" / dirname(over))})
     analyze.distinct_labels(runs)
     assert [r["label"] for r in runs] == ["moe [trainer.seed=0]", "moe [trainer.seed=1]"]
+
+
+def test_expert_figures_need_a_moe_run(runs, tmp_path, monkeypatch, capsys):
+    """--layer asks for the expert usage and co-occurrence figures: a dense run alone has
+    none (it wrote only active_channels, exit 0), so it stops before any evaluation; beside
+    a MoE run it is left out of them, with a note."""
+    def evaluate(*args, **kwargs):
+        raise AssertionError("evaluated a run that cannot give the figures asked for")
+
+    with monkeypatch.context() as m:
+        m.setattr(analyze, "analyze", evaluate)
+        with pytest.raises(SystemExit) as e:
+            analyze.main([str(runs / "dense"), "--layer", "2", "--out", str(tmp_path / "d")])
+    assert e.value.code == 1
+    assert capsys.readouterr().err == (
+        "error: --layer 2: the expert usage and co-occurrence figures need a MoE run (ffn "
+        "sbase, sigma_moe, switch), and no run given is one (ffn dense); without --layer: "
+        "the active channels of Fig. 1\n")
+    assert not (tmp_path / "d" / "analysis.json").exists()
+    paths = analyze.main([str(runs / "dense"), str(runs / "moe"), "--layer", "2",
+                          "--out", str(tmp_path / "both")])
+    assert capsys.readouterr().err == (
+        f"note: {runs / 'dense'} (ffn dense) has no experts: left out of the expert usage and "
+        f"co-occurrence figures\n")
+    assert files(paths) == sorted(
+        ["analysis.json"] + [f"{stem}.{ext}" for ext in ("png", "pdf") for stem in
+                             ("active_channels", "expert_usage", "expert_usage_layer2",
+                              "cooccurrence_layer2_tiny_moe")])
+
+
+def test_k1_run_has_no_cooccurrence_figure(runs, tmp_path, capsys):
+    """A Switch run with K=1 chooses no expert with another: its co-occurrence image was all
+    zeros. A note instead; the usage figure stays."""
+    def to_switch(cfg):  # the same expert weights, routed by Switch's top-1
+        for key in ("selection", "expert_dropout", "reg_gamma"):
+            cfg["ffn"].pop(key)
+        cfg["ffn"].update(kind="switch", k=1)
+
+    run_dir = copy_run(runs, tmp_path, to_switch)
+    paths = analyze.main([str(run_dir), "--out", str(tmp_path / "fig")])
+    assert files(paths) == ["analysis.json", "expert_usage.pdf", "expert_usage.png"]
+    assert capsys.readouterr().err == ("note: tiny_moe: K=1: no experts are used together; "
+                                       "no co-occurrence figure\n")
+    [res] = json.loads((tmp_path / "fig" / "analysis.json").read_text())["runs"]
+    assert res["ffn"] == "switch"
+    for la in res["layers"]:  # what the figure would have drawn
+        assert not np.any(la["cooccurrence_distribution"])
+
+
+def test_reused_output_folder_keeps_no_stale_figures(runs, tmp_path):
+    """A second analysis into the same folder (here --layer 2 after every layer) removes the
+    figures of the first that it does not redraw, which would pass for its own; any other
+    file stays."""
+    out = tmp_path / "fig"
+    analyze.main([str(runs / "moe"), "--out", str(out)])
+    assert (out / "cooccurrence_layer1.pdf").exists()
+    others = ["notes.txt", "cooccurrence_layer1.svg", "expert_usage_by_hand.png",
+              "active_channels.png.bak", "my_cooccurrence_layer1.png"]
+    for name in others:
+        (out / name).write_text("mine")
+    paths = analyze.main([str(runs / "moe"), "--out", str(out), "--layer", "2"])
+    assert sorted(p.name for p in out.iterdir()) == sorted(files(paths) + others)
+    assert "cooccurrence_layer1.png" not in files(paths)
+    assert all((out / name).read_text() == "mine" for name in others)
