@@ -45,7 +45,12 @@ LOCK = ".lock"  # in a run directory: flock'ed while a run trains there (hold_ru
 
 
 class RunDirInUse(ConfigError):
-    """Another process holds the run directory's lock: a run trains there now."""
+    """Another process holds the run directory's lock: a run trains there now. `holder`:
+    what its lock file says of it (pid, host, since when)."""
+
+    def __init__(self, message: str, holder: str = ""):
+        super().__init__(message)
+        self.holder = holder
 
 
 REQUEUE_WAIT_S = 300.0  # how long a requeued Slurm job waits for its run directory's lock
@@ -121,9 +126,10 @@ def _locked_fd(run_dir: Path, wait_s: float | None) -> int | None:
             if not busy:
                 _note_unlocked(f"flock: {e.strerror}")
                 return None
-            raise RunDirInUse(f"{run_dir} is in use by another run "
-                              f"({holder or 'it has not said who'}): wait for it to finish "
-                              f"or stop it; fresh=true starts a new run beside it") from None
+            holder = holder or "it has not said who"
+            raise RunDirInUse(f"{run_dir} is in use by another run ({holder}): wait for it "
+                              f"to finish or stop it; fresh=true starts a new run beside it",
+                              holder) from None
     try:
         since = datetime.now(timezone.utc).isoformat(timespec="seconds")
         os.ftruncate(fd, 0)
@@ -183,6 +189,24 @@ def prepare_run_dir(cfg: dict[str, Any], run_dir: Path, held: ExitStack | None =
     return choose_run_dir(cfg, run_dir, held)
 
 
+def nothing_to_evaluate(run_dir: Path, found: int) -> str:
+    """Why mode=eval has no checkpoint to load in run_dir (`found`: those that did not
+    load), and what to do."""
+    if found:
+        return (f"mode=eval: none of the {found} checkpoints in {run_dir} loads (see the "
+                f"warnings above)")
+    if broken := list_broken(run_dir):
+        return (f"mode=eval: none of the {len(broken)} checkpoints in {run_dir} loads (moved "
+                f"aside as *.pt.bad); repair one and rename it back to *.pt")
+    try:
+        with hold_run_dir(run_dir, wait_s=0):
+            pass
+    except RunDirInUse as e:
+        return (f"mode=eval: no checkpoint in {run_dir} yet: a run trains there ({e.holder}); "
+                f"evaluate it once it has written one (every trainer.ckpt_every steps)")
+    return f"mode=eval: no checkpoint in {run_dir}; train this run first"
+
+
 def write_overrides(run_dir: Path) -> None:
     """Record the run's command-line overrides (Hydra's list, as Hydra's own
     .hydra/overrides.yaml) and its directory's name uncut: `dirname` cuts a long one to a
@@ -215,14 +239,16 @@ def names_without_eval_settings(overrides: list[str], exclude_keys: list[str],
 
 
 def trained_run_dir(cfg: dict[str, Any], run_dir: Path) -> Path | None:
-    """mode=eval of a single run whose directory has no checkpoint: the run its command
-    trained, when evaluation settings among the overrides (task.final_segments=2) gave
-    Hydra's directory another name. The candidates leaving out the fewest settings win;
-    one of them must have trained this config (experiment.trained_as), or None."""
+    """mode=eval of a run (single, or a sweep's job) whose directory has no checkpoint: the
+    run its command trained, when evaluation settings among the overrides
+    (task.final_segments=2) gave Hydra's directory another name. The candidates leaving out
+    the fewest settings win; one of them must have trained this config
+    (experiment.trained_as), or None."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
-    if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.RUN:
+    if not HydraConfig.initialized() or HydraConfig.get().mode not in (RunMode.RUN,
+                                                                    RunMode.MULTIRUN):
         return None
     hc = HydraConfig.get()
     spec = hc.job.config.override_dirname

@@ -30,7 +30,7 @@ from framework.experiment import (
     write_results,
 )
 from framework.loggers import LoggerConfig, RunLogger
-from framework.run_dirs import write_overrides
+from framework.run_dirs import nothing_to_evaluate, write_overrides
 from framework.trainer import (
     Trainer,
     TrainerConfig,
@@ -148,9 +148,7 @@ def run(cfg: dict[str, Any], run_dir: Path) -> dict[str, Any] | None:
             found = len(list_checkpoints(run_dir))
             state = load_latest(run_dir, warn=note)
             if state is None:
-                raise ConfigError(f"mode=eval: none of the {found} checkpoints in {run_dir} "
-                                  f"loads (see the warnings above)" if found else
-                                  f"mode=eval: no checkpoint in {run_dir}; train this run first")
+                raise ConfigError(nothing_to_evaluate(run_dir, found))
             model.load_state_dict(state["model"])
             trainer.load_progress(state)
         peak_rss = max(all_gather_object(peak_rss_mb()))  # the largest process's (all ranks)

@@ -7,6 +7,7 @@ tests/test_divergence.py; the checkpoint module alone: tests/test_checkpoints.py
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -198,6 +199,22 @@ def test_ctrl_c_checkpoints_after_the_step_and_rerun_resumes(tmp_path, reference
     same_results(tmp_path / "run", reference)
 
 
+def test_eval_of_a_run_that_has_not_checkpointed_yet(tmp_path):
+    """Its directory locked by the run training there: 'train this run first' would be
+    wrong (and so would training it)."""
+    from framework.run_dirs import hold_run_dir
+
+    cfg = {**compose_cfg([*OVERRIDES, "trainer.steps=2"]), "mode": "eval"}
+    with pytest.raises(ConfigError, match="; train this run first$"):
+        RUN(cfg, tmp_path)
+    with hold_run_dir(tmp_path), pytest.raises(ConfigError) as e:  # as another process would
+        RUN(cfg, tmp_path)
+    assert re.fullmatch(
+        rf"mode=eval: no checkpoint in {re.escape(str(tmp_path))} yet: a run trains there "
+        r"\(pid \d+ on .+ since .+\); evaluate it once it has written one \(every "
+        r"trainer.ckpt_every steps\)", str(e.value))
+
+
 def test_no_loadable_checkpoint_stops_eval_and_training_until_the_user_decides(tmp_path,
                                                                                capsys):
     """Every checkpoint broken: mode=eval stops; training stops too (not a silent start from
@@ -221,6 +238,10 @@ def test_no_loadable_checkpoint_stops_eval_and_training_until_the_user_decides(t
                             "start over, pass fresh=true (a new sibling directory)")
     assert (tmp_path / "checkpoint_00000002.pt.bad").exists()
     assert (tmp_path / "metrics.jsonl").read_bytes() == log
+    with pytest.raises(ConfigError) as e:  # not "train this run first"
+        RUN({**cfg, "mode": "eval"}, tmp_path)
+    assert str(e.value) == (f"mode=eval: none of the 1 checkpoints in {tmp_path} loads (moved "
+                            "aside as *.pt.bad); repair one and rename it back to *.pt")
     with pytest.raises(ConfigError, match=r"its checkpoints do not load \(checkpoint_00000002"
                                           r"\.pt\.bad; .*rename it back to \*\.pt; pass "
                                           r"fresh=true"):

@@ -210,6 +210,35 @@ def test_eval_with_evaluation_settings_finds_the_trained_run(tmp_path, monkeypat
     assert run_dirs.prepare_run_dir(evaluate, asked) == asked
 
 
+@pytest.mark.parametrize("mode", ["RUN", "MULTIRUN"])
+def test_eval_settings_find_the_trained_run_in_a_sweep_too(tmp_path, monkeypatch, mode):
+    """`-m +sweep=mini mode=eval task.final_segments=0` (each run again on whole splits):
+    a sweep job's directory is named as a single run's, one level under the sweep's."""
+    from types import SimpleNamespace
+
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+    from omegaconf import OmegaConf
+
+    from framework import run_dirs
+
+    cfg = compose_cfg([*OVERRIDES, "trainer.steps=2"])
+    trained = tmp_path / "sweeps" / "mini" / "mini_moe" / "trainer.seed=0"
+    trained.mkdir(parents=True)
+    OmegaConf.save(OmegaConf.create(cfg), trained / "config.yaml")
+    save_checkpoint(trained, 2, {"step": 2})
+    spec = SimpleNamespace(exclude_keys=["exp", "sweep", "mode"], item_sep=",", kv_sep="=")
+    hc = SimpleNamespace(mode=getattr(RunMode, mode),
+                         job=SimpleNamespace(config=SimpleNamespace(override_dirname=spec)),
+                         overrides=SimpleNamespace(task=["+exp=mini_moe", "trainer.seed=0",
+                                                         "mode=eval", "task.final_segments=0"]))
+    monkeypatch.setattr(HydraConfig, "initialized", staticmethod(lambda: True))
+    monkeypatch.setattr(HydraConfig, "get", staticmethod(lambda: hc))
+    evaluate = {**cfg, "mode": "eval", "task": {**cfg["task"], "final_segments": 0}}
+    asked = trained.with_name("task.final_segments=0,trainer.seed=0")
+    assert run_dirs.trained_run_dir(evaluate, asked) == trained
+
+
 def test_fresh_twice_after_a_finished_fresh_run_starts_a_third(tmp_path):
     """The newest sibling finished (same config): fresh=true starts a new one, it does not
     take that finished run up again."""
