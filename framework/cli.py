@@ -148,6 +148,7 @@ def prepare_argv(argv: list[str]) -> None:
               "e.g. python run.py +sweep=moe --cfg hydra -p hydra.sweeper.params",
               file=sys.stderr)
         sys.exit(1)
+    drop_repeated(argv)
     if sweep and not multirun and not inspect:
         argv.insert(1, "--multirun")  # a sweep file only means something in multirun mode
     register_resolvers()
@@ -181,6 +182,18 @@ def prepare_argv(argv: list[str]) -> None:
         except ConfigError as e:
             print(f"error: {e}", file=sys.stderr)
             sys.exit(1)
+
+
+def drop_repeated(argv: list[str]) -> None:
+    """A key set twice the same way (`trainer.steps=30 ... trainer.steps=2`: a base command
+    and a change): the last counts, as in Hydra, and the earlier ones leave argv. Left in,
+    both would name the run directory (sorted): `steps=30 steps=2` and `steps=2 steps=30`
+    would share one with different configs."""
+    def key(a: str) -> str | None:  # `+k` and `k` differ (add, set): not the same way
+        return a.partition("=")[0] if "=" in a and not a.startswith("-") else None
+
+    last = {key(a): i for i, a in enumerate(argv) if i and key(a)}
+    argv[:] = [a for i, a in enumerate(argv) if not (i and key(a) and last[key(a)] != i)]
 
 
 def check_sweep(name: str) -> None:

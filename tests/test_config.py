@@ -225,6 +225,20 @@ def test_override_check_two_bad_keys_and_options_left_to_hydra(capsys):
         prepare_argv(["run.py", *extra, "mode=params"])  # where configs come from: Hydra's
 
 
+def test_a_key_given_twice_counts_once(capsys):
+    """Hydra takes the last; left in argv, both would name the run directory (sorted), so
+    `steps=30 steps=2` and `steps=2 steps=30` would share one with different configs. The
+    tests themselves add to a base list of overrides this way."""
+    from framework.cli import prepare_argv
+
+    argv = ["run.py", "+exp=mini_moe", "trainer.steps=30", "-m", "trainer.steps=2,3",
+            "+trainer.x=1", "trainer.x=2", "mode=params", "mode=params"]
+    prepare_argv(argv)
+    assert argv == ["run.py", "+exp=mini_moe", "-m", "trainer.steps=2,3", "+trainer.x=1",
+                    "trainer.x=2", "mode=params"]
+    assert capsys.readouterr().err == ""
+
+
 @pytest.mark.parametrize("folder,text,error", [
     ("exp", b"# @package _global_\nname: x\nffn:\n k: 2\n  n_experts: 3\n",
      "exp/x.yaml:5:12: not valid YAML: mapping values are not allowed here"),
