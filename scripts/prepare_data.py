@@ -15,6 +15,7 @@ archive here and prepare from it. Several jobs may run this at once: they share 
 from __future__ import annotations
 
 import argparse
+import errno
 import sys
 import time
 from pathlib import Path
@@ -24,17 +25,25 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from framework.config import ConfigError, from_dict, is_environment_error  # noqa: E402
-from framework.data import DATASETS, DataError  # noqa: E402
-from framework.data.cache import prepared_only  # noqa: E402
-from framework.loggers import console_logging  # noqa: E402
+try:  # a Ctrl-C while these import (torch: a second) is no traceback
+    from framework.config import ConfigError, from_dict, is_environment_error  # noqa: E402
+    from framework.data import DATASETS, DataError  # noqa: E402
+    from framework.data.cache import prepared_only  # noqa: E402
+    from framework.loggers import console_logging  # noqa: E402
+except KeyboardInterrupt:
+    sys.exit(130)
 
 
 def parse_override(text: str) -> tuple[str, object]:
+    """key=value, the value read as YAML (a number, a list), else as it is written (a glob
+    `train_files=*.json.gz`: YAML would read an alias)."""
     key, sep, value = text.partition("=")
     if not sep or not key:
         raise SystemExit(f"override {text!r}: write key=value, e.g. train_tokens=1638400064")
-    return key, yaml.safe_load(value) if value else ""
+    try:
+        return key, yaml.safe_load(value) if value else ""
+    except yaml.YAMLError:
+        return key, value
 
 
 def parse(argv: list[str] | None = None) -> tuple[str, type, object, bool]:
@@ -87,16 +96,22 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, ValueError, DataError, OSError) as e:
         if isinstance(e, OSError) and not is_environment_error(e):
             raise
-        print(f"error: {e}", file=sys.stderr)
+        hint = ("; SIGMA_MOE_CACHE or --cache-dir picks another cache folder" if isinstance(
+            e, OSError) and e.errno in (errno.EROFS, errno.EACCES, errno.EPERM) else "")
+        print(f"error: {e}{hint}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:  # what was half-built is removed (cache.py): rerun to go on
+        print("interrupted; nothing half-prepared is kept: rerun the same command",
+              file=sys.stderr)
+        return 130
     where = f" in {entry.path}" if entry is not None else ""
     print(f"{name}: {', '.join(f'{s} {n:,}' for s, n in sizes.items())} tokens, vocab {vocab}, "
           f"metric {metric}{where} ({time.time() - t0:.1f} s)")
     for problem in problems:
         print(f"error: {entry.path}: {problem}", file=sys.stderr)
     if problems:
-        print(f"delete {entry.path} and prepare again (this command without --verify)",
-              file=sys.stderr)
+        print(f"delete {entry.path} and prepare again (this command without --verify, with "
+              f"--source where the original is local)", file=sys.stderr)
         return 1
     if verify:
         print(f"verified: every file matches its sha256 ({len(entry.checksums())} files)")

@@ -5,6 +5,7 @@ shaped like the originals; nothing is downloaded."""
 from __future__ import annotations
 
 import dataclasses
+import errno
 import gzip
 import hashlib
 import random
@@ -91,6 +92,18 @@ def test_wt103_parallel_encoding_matches_serial(tmp_path):
     one = Wt103.load(Wt103Config(cache_dir=str(tmp_path / "a"), num_proc=1, **kw))
     two = Wt103.load(Wt103Config(cache_dir=str(tmp_path / "b"), num_proc=2, **kw))
     np.testing.assert_array_equal(one.splits["train"], two.splits["train"])
+
+
+def test_encoding_workers_leave_a_ctrl_c_to_the_parent(monkeypatch):
+    """Each pool worker printed its own KeyboardInterrupt traceback; the parent ends the
+    pool (and keeps nothing half-written)."""
+    import signal
+
+    seen = []
+    monkeypatch.setattr(signal, "signal", lambda sig, handler: seen.append((sig, handler)))
+    monkeypatch.setattr(subword, "_init", lambda model: seen.append(model))
+    subword._init_worker(b"model")
+    assert seen == [(signal.SIGINT, signal.SIG_IGN), b"model"]
 
 
 def test_enwik8_split_boundaries(tmp_path, monkeypatch):
@@ -321,7 +334,8 @@ def test_prepare_data_script(tmp_path, capsys, monkeypatch):
     assert prepare_data.main(verify) == 1
     assert capsys.readouterr().err.splitlines() == [
         f"error: {entry.path}: test.bin: sha256 differs from the manifest's (damaged)",
-        f"delete {entry.path} and prepare again (this command without --verify)"]
+        f"delete {entry.path} and prepare again (this command without --verify, with "
+        "--source where the original is local)"]
     assert prepare_data.main(["enwik_mini", "--verify"]) == 0
     assert "nothing to verify" in capsys.readouterr().out
     # nothing prepared: --verify builds nothing (C4 would stream from the hub)
@@ -394,14 +408,56 @@ def test_a_damaged_source_file_is_one_line_naming_it(tmp_path, c4_dir):
     shard = sorted(c4_dir[0].rglob("*train*.json.gz"))[0]
     good = shard.read_bytes()
     cases = {"EOFError": good[: len(good) // 2],  # truncated
-             "JSONDecodeError": gzip.compress(b'{"text": "ok"}\n{not json\n'),
-             "line 2 has no field 'text'": gzip.compress(b'{"text": "ok"}\n{"body": "x"}\n')}
+             # the line in the file, not json's "line 1" of that line alone
+             r"line 2 is not JSON \(Expecting property name enclosed in double quotes, "
+             r"column 2\)": gzip.compress(b'{"text": "ok"}\n{not json\n'),
+             "line 2 has no field 'text'": gzip.compress(b'{"text": "ok"}\n{"body": "x"}\n'),
+             "line 3: its 'text' is NoneType, not text": gzip.compress(
+                 b'{"text": "ok"}\n\n{"text": null}\n'),
+             r"line 1 has no field 'text' \(it has list\)": gzip.compress(b'[1, 2]\n')}
     for i, (said, data) in enumerate(cases.items()):
         shard.write_bytes(data)
         with pytest.raises(DataError, match=rf"^{shard}: .*{said}"):
             C4.load(C4Config(source=str(c4_dir[0]), cache_dir=str(tmp_path / f"c{i + 2}"),
                              train_tokens=1500, valid_docs=5, spm_train_docs=50, vocab_size=80,
                              num_proc=1))
+
+
+def test_a_damaged_enwik8_zip_is_one_line_naming_it(tmp_path, monkeypatch):
+    """A bad CRC (bytes of the member overwritten) was zipfile's traceback."""
+    monkeypatch.setattr(enwik8, "ENWIK8_BYTES", 4099)
+    with zipfile.ZipFile(tmp_path / "enwik8.zip", "w") as z:  # stored: the bytes as they are
+        z.writestr("enwik8", bytes(range(256)) * 16 + b"abc")
+    raw = bytearray((tmp_path / "enwik8.zip").read_bytes())
+    raw[100:108] = b"XXXXXXXX"
+    (tmp_path / "enwik8.zip").write_bytes(bytes(raw))
+    with pytest.raises(DataError, match=rf"^{tmp_path / 'enwik8.zip'}: BadZipFile: Bad CRC-32"):
+        Enwik8.load(Enwik8Config(source=str(tmp_path / "enwik8.zip"), cache_dir=str(tmp_path)))
+
+
+def test_an_empty_or_short_split_is_refused_not_cached(tmp_path, c4_dir):
+    """An empty test file gave a 'prepared' entry with 0 test tokens (exit 0), which a run
+    with no source then picked over a good entry; validation shards with fewer documents
+    than valid and test take gave short (or empty) splits, silently."""
+    src = tmp_path / "wt"
+    src.mkdir()
+    for split, f in FILES.items():
+        (src / f).write_text("" if split == "test" else "= a =\n a good line of text .\n" * 40)
+    with pytest.raises(DataError, match=r"^wt103: no text for the test split\(s\) in the "
+                                        r"source \(an empty file\?\)$"):
+        Wt103.load(Wt103Config(source=str(src), cache_dir=str(tmp_path / "c1"), vocab_size=40,
+                               num_proc=1))
+    assert not list((tmp_path / "c1").rglob("manifest.json"))
+    kw = dict(source=str(c4_dir[0]), train_tokens=1500, spm_train_docs=50, vocab_size=80,
+              num_proc=1)
+    n_valid = len(c4_dir[2])
+    for valid_docs, held in ((n_valid - 3, n_valid), (n_valid + 1, f"at most {n_valid + 1}")):
+        with pytest.raises(DataError, match=rf"^c4: the validation shards \(.*\) hold {held} "
+                                            rf"documents, fewer than the 2 x dataset.valid_docs"
+                                            rf"={valid_docs} that valid and test take"):
+            C4.load(C4Config(cache_dir=str(tmp_path / f"c{valid_docs}"), valid_docs=valid_docs,
+                             **kw))
+        assert not list((tmp_path / f"c{valid_docs}").rglob("manifest.json"))  # none made
 
 
 def test_the_start_line_names_where_the_tokens_came_from():
@@ -428,3 +484,30 @@ def test_prepare_data_options(monkeypatch):
     assert cfg.num_proc == 3
     _, _, cfg, _ = prepare_data.parse(["c4", "source=/a", "--source", "/b"])
     assert cfg.source == "/b"
+    # not YAML (a glob reads as an alias): taken as written, not a traceback
+    _, _, cfg, _ = prepare_data.parse(["c4", "train_files=*.json.gz",
+                                       "valid_files={a,b}.json.gz"])
+    assert (cfg.train_files, cfg.valid_files) == ("*.json.gz", "{a,b}.json.gz")
+
+
+@pytest.mark.parametrize("raised,rc,said", [
+    (KeyboardInterrupt(), 130,
+     "interrupted; nothing half-prepared is kept: rerun the same command"),
+    (OSError(errno.EROFS, "Read-only file system", "/c/x.lock"), 1,
+     "error: [Errno 30] Read-only file system: '/c/x.lock'; SIGMA_MOE_CACHE or --cache-dir "
+     "picks another cache folder")])
+def test_prepare_data_stops_in_one_line(monkeypatch, capsys, raised, rc, said):
+    """Ctrl-C was a KeyboardInterrupt traceback (status -2); a read-only cache said nothing
+    of how to pick another."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import prepare_data
+    finally:
+        sys.path.pop(0)
+
+    def load(cfg):
+        raise raised
+
+    monkeypatch.setattr(Wt103, "load", load)
+    assert prepare_data.main(["wt103"]) == rc
+    assert capsys.readouterr().err == said + "\n"

@@ -151,10 +151,19 @@ def local_texts(files: list[Path], field: str) -> Iterator[str]:
         with reading(path), opener(path, "rt", encoding="utf-8") as f:
             for i, line in enumerate(f, 1):
                 if line.strip():
-                    row = json.loads(line)
-                    if field not in row:
+                    try:
+                        row = json.loads(line)
+                    except json.JSONDecodeError as e:  # its own position is the line's
+                        raise DataError(f"{path}: line {i} is not JSON ({e.msg}, column "
+                                        f"{e.colno}); is the file complete and in its "
+                                        f"original format? (download it again)") from None
+                    if not isinstance(row, dict) or field not in row:
+                        has = sorted(row) if isinstance(row, dict) else type(row).__name__
                         raise DataError(f"{path}: line {i} has no field {field!r} (it has "
-                                        f"{sorted(row)}): set dataset.text_field")
+                                        f"{has}): set dataset.text_field")
+                    if not isinstance(row[field], str):
+                        raise DataError(f"{path}: line {i}: its {field!r} is "
+                                        f"{type(row[field]).__name__}, not text")
                     yield row[field]
 
 
@@ -197,9 +206,21 @@ class HfStream:
         def build(src: Source, out: Path, previous: Entry | None) -> dict:
             texts = src.handle
             n = cfg.valid_docs
+            test_docs = [0]  # counted as they are read
+
+            def test() -> Iterator[str]:  # the validation shards' documents n..2n
+                for doc in itertools.islice(texts["valid"](), n, 2 * n):
+                    test_docs[0] += 1
+                    yield doc
+                if test_docs[0] < n:  # valid and test would be short, silently
+                    held = n + test_docs[0] if test_docs[0] else f"at most {n}"
+                    raise DataError(f"{name}: the validation shards ({cfg.valid_files}) hold "
+                                    f"{held} documents, fewer than the 2 x dataset.valid_docs"
+                                    f"={n} that valid and test take: lower valid_docs or add "
+                                    f"shards")
+
             splits = {"valid": lambda: itertools.islice(texts["valid"](), n),
-                      "test": lambda: itertools.islice(texts["valid"](), n, 2 * n),
-                      "train": texts["train"]}
+                      "test": test, "train": texts["train"]}
             spm_texts = lambda: _lines(itertools.islice(texts["train"](), cfg.spm_train_docs))
             made = build_subword(out, splits, spm_texts, cfg.spm(), resolve_num_proc(cfg.num_proc),
                                  eos=True, desc=name, limits={"train": cfg.needed_tokens},

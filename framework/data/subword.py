@@ -16,6 +16,7 @@ import io
 import itertools
 import logging
 import os
+import signal
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
@@ -106,6 +107,13 @@ def _init(model: bytes) -> None:
     _SP = spm.SentencePieceProcessor(model_proto=model)
 
 
+def _init_worker(model: bytes) -> None:
+    # a Ctrl-C is the parent's to handle (it ends the pool): each worker would print its
+    # own traceback
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _init(model)
+
+
 def _encode_chunk(texts: list[str], eos: bool, threads: int = 1) -> np.ndarray:
     pieces = _SP.encode(texts, num_threads=threads)
     if eos:
@@ -134,7 +142,7 @@ def encode_texts(texts: Iterable[str], model: bytes, eos: bool,
         for chunk in chunks:
             yield _encode_chunk(chunk, eos, threads=os.cpu_count() or 1)
         return
-    with get_context().Pool(num_proc, initializer=_init, initargs=(model,)) as pool:
+    with get_context().Pool(num_proc, initializer=_init_worker, initargs=(model,)) as pool:
         pending: deque = deque()
         for chunk in chunks:
             pending.append(pool.apply_async(_encode_chunk, (chunk, eos)))
@@ -236,5 +244,8 @@ def build_subword(out: Path, splits: dict[str, Callable[[], Iterable[str]]],
     arrays = {name: write_split(out, name, texts(), model, eos, num_proc,
                                 (limits or {}).get(name, 0), desc)
               for name, texts in splits.items()}
+    if empty := [name for name, info in arrays.items() if not info["length"]]:
+        raise DataError(f"{desc}: no text for the {' and '.join(empty)} split(s) in the "
+                        f"source (an empty file?)")
     return {"arrays": arrays, "vocab_size": vocab, "metric": "ppl", "spm": asdict(s),
             "sha256": {"spm.model": hashlib.sha256(model).hexdigest()}}
