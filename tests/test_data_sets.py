@@ -448,6 +448,13 @@ def test_an_empty_or_short_split_is_refused_not_cached(tmp_path, c4_dir):
         Wt103.load(Wt103Config(source=str(src), cache_dir=str(tmp_path / "c1"), vocab_size=40,
                                num_proc=1))
     assert not list((tmp_path / "c1").rglob("manifest.json"))
+    (src / FILES["train"]).write_text("\n \n")  # and no text to train the tokenizer on
+    with pytest.raises(DataError, match=r"^wt103: no text to train the SentencePiece model on "
+                                        r"in the source's train split"):
+        Wt103.load(Wt103Config(source=str(src), cache_dir=str(tmp_path / "c2"), num_proc=1))
+    (tmp_path / "wt.zip").write_bytes(b"PK\x03\x04 cut short")  # a download cut short
+    with pytest.raises(DataError, match=r"wt.zip: not a complete zip archive"):
+        Wt103.load(Wt103Config(source=str(tmp_path / "wt.zip"), cache_dir=str(tmp_path / "c3")))
     kw = dict(source=str(c4_dir[0]), train_tokens=1500, spm_train_docs=50, vocab_size=80,
               num_proc=1)
     n_valid = len(c4_dir[2])

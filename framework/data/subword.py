@@ -69,6 +69,10 @@ def train_spm(texts: Iterable[str], s: SpmSettings, out: Path, desc: str = "") -
         except DataError as e:
             failed.append(e)
             raise
+        if not n:  # SentencePiece's own answer: "INTERNAL: ... [!sentences_.empty()]"
+            failed.append(DataError(f"{desc}: no text to train the SentencePiece model on "
+                                    f"in the source's train split (an empty file?)"))
+            raise failed[-1]
         # SentencePiece trains once it has read everything: minutes on WikiText-103, and its
         # own log is off (minloglevel), so say what the wait is
         log.info("%s: training the SentencePiece %s model (vocab %d) on %d texts ...", desc,

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from framework.config import ConfigError
 from framework.data import DATASETS
-from framework.data.base import TokenData, reading
+from framework.data.base import DataError, TokenData, reading
 from framework.data.cache import Entry, Source, files_fingerprint, load_or_prepare
 from framework.data.subword import (
     SpmSettings,
@@ -86,6 +86,9 @@ def _zip_reader(path: Path) -> LineReader | None:
 def locate(path: Path) -> Source | None:
     """The release at `path`: a zip, a directory of the three files, or its parent."""
     if path.is_file():
+        if path.suffix == ".zip" and not zipfile.is_zipfile(path):  # not "no release here"
+            raise DataError(f"{path}: not a complete zip archive; is the download complete? "
+                            f"(download it again)")
         reader = _zip_reader(path) if zipfile.is_zipfile(path) else None
         return Source(files_fingerprint([path]), reader) if reader else None
     for d in (path, path / "wikitext-103"):
