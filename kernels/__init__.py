@@ -175,6 +175,9 @@ def moe_mlp(x_TD, expert_TK, gate_TK, w1_EDG, w2_EGD, hidden_dropout=0.0, traini
     one per CPU worker thread for the torch path on a CPU, else 1. The Triton backends run
     their scatters chunk by chunk (a chunk's K slot launches touch only its T/C output
     rows); the reference ignores it.
+    Autograd: first-order reverse mode. Double backward, forward mode (jvp) and
+    torch.func.grad need backend="reference" (or triton_unfused / grouped_mm for double
+    backward): the custom ops define a backward only.
     """
     check_inputs(x_TD, expert_TK, gate_TK, w1_EDG, w2_EGD, hidden_dropout)
     if n_chunks is not None and not (isinstance(n_chunks, int) and n_chunks >= 1):
