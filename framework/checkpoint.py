@@ -21,6 +21,8 @@ from typing import Any, BinaryIO
 import torch
 from tqdm import tqdm
 
+from framework.config import first_line
+
 CKPT_RE = re.compile(r"^checkpoint_(\d{8})\.pt$")
 
 
@@ -111,14 +113,29 @@ class CheckpointError(RuntimeError):
     pass
 
 
+class CheckpointUnloadable(CheckpointError):
+    """A checkpoint that is whole (its sha256 matches, or the failure is not the file's:
+    memory, a missing package, I/O) but does not load here: set aside, it would cost the
+    steps since the one before."""
+
+
 def load_checkpoint(path: Path) -> dict[str, Any]:
     sidecar = path.with_suffix(".pt.sha256")
-    if sidecar.exists() and file_sha256(path) != sidecar.read_text().strip():
+    verified = sidecar.exists()
+    if verified and file_sha256(path) != sidecar.read_text().strip():
         raise CheckpointError(f"{path.name}: checksum mismatch (truncated or corrupt)")
     try:
         return torch.load(path, map_location="cpu", weights_only=False)
     except Exception as e:  # unpickling errors come in many types
-        raise CheckpointError(f"{path.name}: cannot be loaded ({type(e).__name__}: {e})") from e
+        what = f"{type(e).__name__}: {first_line(e)}"
+        if verified or isinstance(e, (MemoryError, ImportError, OSError)):
+            raise CheckpointUnloadable(
+                f"{path} cannot be loaded here ({what}), though "
+                + ("its sha256 matches: the file is whole" if verified else
+                   "that is no sign of a damaged file")
+                + "; fix the cause (memory, a package version, the file system) and rerun"
+            ) from e
+        raise CheckpointError(f"{path.name}: cannot be loaded ({what})") from e
 
 
 def load_latest(run_dir: Path, warn=print, repair: bool = False) -> dict[str, Any] | None:
@@ -136,6 +153,8 @@ def load_latest(run_dir: Path, warn=print, repair: bool = False) -> dict[str, An
     for path in reversed(list_checkpoints(run_dir)):
         try:
             return load_checkpoint(path)
+        except CheckpointUnloadable:  # not the file's fault: neither set aside nor passed over
+            raise
         except CheckpointError as e:
             aside = ""
             if repair:

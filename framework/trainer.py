@@ -30,6 +30,7 @@ from tqdm import tqdm
 
 from framework.checkpoint import (
     CheckpointError,
+    CheckpointUnloadable,
     checkpoint_path,
     list_broken,
     list_checkpoints,
@@ -269,11 +270,26 @@ class Trainer:
         step, which skipped steps (nan_policy=skip) leave as they were."""
         return self.saved_step >= self.step - self.skipped_in_row
 
+    def check_own(self, state: dict[str, Any], hashes: tuple[str, ...] = ()) -> None:
+        """ConfigError unless the checkpoint `state` is one of this config's (a run of
+        another config, or a file copied in from one). `hashes`: the config's (default this
+        trainer's)."""
+        hashes = hashes or self.config_hashes
+        if hashes and state.get("config_hash") not in (None, *hashes):
+            raise ConfigError(
+                f"{checkpoint_path(self.run_dir, int(state['step'])).name} in {self.run_dir} "
+                f"is a checkpoint of another config (hash {state['config_hash']} != "
+                f"{self.config_hash}); pass fresh=true to start a new run beside it, or "
+                f"hydra.run.dir=<new dir> (or move that file away if it was copied in)")
+
     def resume(self) -> bool:
         # rank 0 picks the checkpoint (and moves broken ones aside); the others load that one
         state = None
         if self.is_main:
-            state = load_latest(self.run_dir, warn=note, repair=True)
+            try:
+                state = load_latest(self.run_dir, warn=note, repair=True)
+            except CheckpointUnloadable as e:  # every rank stops (said below), none waits
+                state = str(e)
             broken = len(list_broken(self.run_dir))  # this time's and any earlier run's
             if state is None and broken:  # not a silent start over: the user decides
                 state = (f"none of the {broken} checkpoints in {self.run_dir} loads (moved "
@@ -288,11 +304,7 @@ class Trainer:
             return False
         if state is None:
             state = load_checkpoint(checkpoint_path(self.run_dir, step))
-        if self.config_hash and state.get("config_hash") not in (None, *self.config_hashes):
-            raise ConfigError(
-                f"{self.run_dir} holds checkpoints of another config (hash "
-                f"{state['config_hash']} != {self.config_hash}); pass fresh=true to start a new "
-                f"run beside it, or hydra.run.dir=<new dir>")
+        self.check_own(state)
         self.load_state_dict(state)
         self.saved_step = self.step
         return True

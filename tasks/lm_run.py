@@ -21,12 +21,13 @@ from tqdm import tqdm
 import kernels
 from framework.checkpoint import atomic_write_bytes, list_checkpoints, load_latest
 from framework.code_version import code_version
-from framework.config import ConfigError, from_dict
+from framework.config import ConfigError, first_line, from_dict
 from framework.distributed import all_gather_object, init_distributed
 from framework.experiment import (
     check_trained_as,
     check_writable,
     run_hashes,
+    saved_config,
     write_results,
 )
 from framework.loggers import LoggerConfig, RunLogger
@@ -149,7 +150,15 @@ def run(cfg: dict[str, Any], run_dir: Path) -> dict[str, Any] | None:
             state = load_latest(run_dir, warn=note)
             if state is None:
                 raise ConfigError(nothing_to_evaluate(run_dir, found))
-            model.load_state_dict(state["model"])
+            # a file copied in: its numbers are not this run's (the config it trained, as
+            # its config.yaml says: this one's evaluation settings may differ)
+            trainer.check_own(state, run_hashes(saved_config(run_dir) or cfg))
+            try:
+                model.load_state_dict(state["model"])
+            except RuntimeError as e:  # torch's size mismatch list: many lines
+                raise ConfigError(f"mode=eval: the step-{state['step']} checkpoint in "
+                                  f"{run_dir} does not fit this model ({first_line(e)})"
+                                  ) from None
             trainer.load_progress(state)
         peak_rss = max(all_gather_object(peak_rss_mb()))  # the largest process's (all ranks)
         results: dict[str, Any] = {"name": cfg.get("name"), "metric": data.metric,

@@ -43,6 +43,37 @@ def test_a_broken_newer_checkpoint_is_moved_aside_not_counted_when_pruning(tmp_p
     assert load_latest(tmp_path) == {"step": 15}
 
 
+@pytest.mark.parametrize("sidecar,error", [(True, RuntimeError("a torch bug")),
+                                           (True, MemoryError()),
+                                           (False, ModuleNotFoundError("No module 'numpy._core'")),
+                                           (False, OSError(5, "Input/output error"))])
+def test_a_whole_checkpoint_that_does_not_load_here_stops_the_run(tmp_path, monkeypatch,
+                                                                   sidecar, error):
+    """Its sha256 matches, or the failure is the machine's (memory, a package version, a
+    network file system): moved aside, it cost the steps since the checkpoint before (and,
+    both kept ones failing alike, the run). It stays, and the run stops in one line."""
+    import torch
+
+    from framework.checkpoint import CheckpointUnloadable
+
+    save_checkpoint(tmp_path, 10, {"step": 10})
+    save_checkpoint(tmp_path, 20, {"step": 20})
+    if not sidecar:
+        (tmp_path / "checkpoint_00000020.pt.sha256").unlink()
+    before = sorted(p.name for p in tmp_path.iterdir())
+
+    def load(*args, **kwargs):
+        raise error
+
+    monkeypatch.setattr(torch, "load", load)
+    with pytest.raises(CheckpointUnloadable) as e:
+        load_latest(tmp_path, warn=pytest.fail, repair=True)
+    assert str(e.value).startswith(f"{tmp_path / 'checkpoint_00000020.pt'} cannot be loaded "
+                                   f"here ({type(error).__name__}")
+    assert "\n" not in str(e.value) and "fix the cause" in str(e.value)
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
 def test_atomic_write_fsyncs_the_file_then_renames_then_fsyncs_the_directory(tmp_path,
                                                                               monkeypatch):
     """Mutants: the temp file's fsync dropped (a power loss after the rename could leave an

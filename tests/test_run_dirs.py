@@ -107,11 +107,31 @@ def test_checkpoints_of_another_config_are_not_resumed(tmp_path):
     RUN(compose_cfg([*OVERRIDES, "trainer.steps=2"]), tmp_path)
     (tmp_path / "results.json").unlink()  # as if interrupted after its last checkpoint
     before = {p.name: p.stat().st_mtime_ns for p in tmp_path.iterdir()}
-    with pytest.raises(ConfigError, match="holds checkpoints of another config.*fresh=true"):
-        RUN(compose_cfg([*OVERRIDES, "trainer.steps=2", "trainer.lr=0.01"]), tmp_path)
+    other = compose_cfg([*OVERRIDES, "trainer.steps=2", "trainer.lr=0.01"])
+    with pytest.raises(ConfigError, match=r"^checkpoint_00000002.pt in .* is a checkpoint of "
+                                          r"another config .*fresh=true"):
+        RUN(other, tmp_path)
     after = {p.name: p.stat().st_mtime_ns for p in tmp_path.iterdir() if p.name in before}
     assert {k: v for k, v in before.items() if k.startswith("checkpoint")} == {
         k: v for k, v in after.items() if k.startswith("checkpoint")}
+    # mode=eval of a checkpoint copied in from another config: its numbers would be filed
+    # under this run
+    own = compose_cfg([*OVERRIDES, "trainer.steps=2"])
+    state = load_checkpoint(list_checkpoints(tmp_path)[-1])
+    save_checkpoint(tmp_path, 3, {**state, "step": 3, "config_hash": "0123456789ab"})
+    with pytest.raises(ConfigError, match="^checkpoint_00000003.pt in .* is a checkpoint of "
+                                          "another config"):
+        RUN({**own, "mode": "eval"}, tmp_path)
+    assert not (tmp_path / "eval_results.json").exists()
+    (tmp_path / "checkpoint_00000003.pt").unlink()
+    # another shape (a copied checkpoint from before runs recorded their hash): one line,
+    # not torch's list of size mismatches
+    RUN(compose_cfg([*OVERRIDES, "trainer.steps=2", "ffn.n_experts=8"]), tmp_path / "w")
+    state = load_checkpoint(list_checkpoints(tmp_path / "w")[-1])
+    save_checkpoint(tmp_path, 2, {**state, "config_hash": None})
+    with pytest.raises(ConfigError, match=r"^mode=eval: the step-2 checkpoint in .* does not "
+                                          r"fit this model \(Error\(s\) in loading"):
+        RUN({**own, "mode": "eval"}, tmp_path)
 
 
 def test_volatile_keys_leave_the_config_hash_alone():
