@@ -233,6 +233,10 @@ class Trainer:
         self.task.load_state_dict(state["task"])
         rngs = state["rng"]  # one per rank
         self.load_progress(state)
+        if self.is_main and len(rngs) != self.dist.world_size:
+            note(f"note: resuming on {self.dist.world_size} rank(s) a run that {len(rngs)} "
+                 f"trained until step {self.step}: each rank draws its own dropout masks, so "
+                 f"the result will equal neither count's uninterrupted run")
         if self.dist.rank < len(rngs):
             set_rng_state(rngs[self.dist.rank])
         else:  # resumed on more ranks: a stream of its own (a copy of rank 0's would give
