@@ -19,7 +19,8 @@ import random
 import signal
 import sys
 import time
-from contextlib import nullcontext
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -421,6 +422,32 @@ class Trainer:
                 raise Interrupted
             signal.raise_signal(self._signal)
             raise SystemExit(128 + self._signal)  # a handler that returned: still stop
+
+    @contextmanager
+    def said_on_signal(self, what: str) -> Iterator[None]:
+        """While `what` runs (the final evaluation, after fit has put the handlers back): a
+        preemption signal acts as it would (Slurm's requeue, or the default: stop), after
+        one line on what it stopped, which a rerun does again (before: no line, rc 143)."""
+        previous: dict[int, Any] = {}
+
+        def on_signal(signum, frame):
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            if self.is_main:
+                note(f"{signal.Signals(signum).name} during {what}: the step-{self.step} "
+                     f"checkpoint in {self.run_dir} stays; rerun the same command to do it "
+                     f"again")
+            signal.raise_signal(signum)
+            raise SystemExit(128 + signum)  # a handler that returned: still stop
+
+        for name in self.cfg.preempt_signals:
+            sig = getattr(signal, name)
+            previous[sig] = signal.signal(sig, on_signal)
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
 
     def _precompile(self) -> None:
         """On a GPU, the task compiles its kernels ahead where it can (LMTask.precompile:

@@ -175,9 +175,10 @@ def run(cfg: dict[str, Any], run_dir: Path) -> dict[str, Any] | None:
                                        "eval_batch_size")}}
         # Every rank evaluates the same streams (identical numbers); rank 0 writes them.
         for split in ("valid", "test"):
-            r = task.evaluate(split, task_cfg.eval_batch_size, task_cfg.eval_mem_segments,
-                              task_cfg.final_segments, stats=True,
-                              progress=trainer_cfg.progress and dist_info.is_main)
+            with trainer.said_on_signal("the final evaluation"):
+                r = task.evaluate(split, task_cfg.eval_batch_size, task_cfg.eval_mem_segments,
+                                  task_cfg.final_segments, stats=True,
+                                  progress=trainer_cfg.progress and dist_info.is_main)
             results[split] = {k: v for k, v in r.items() if k != "routing"}
             results[f"{split}_routing"] = r["routing"]
             logger.log({f"final_{split}/{k}": v for k, v in results[split].items()}, trainer.step)

@@ -75,6 +75,39 @@ def test_resuming_on_another_number_of_ranks_says_so(tmp_path, capsys):
             "its own dropout masks") in capsys.readouterr().err
 
 
+def test_a_signal_during_the_final_evaluation_says_what_it_stopped(tmp_path, monkeypatch,
+                                                                    capsys):
+    """After fit the handlers are back: a SIGTERM/SIGUSR* there stopped the run with no line
+    (rc 143). It still acts as before (here a handler of the test's, as Slurm's would be),
+    after the line; the checkpoint stays and a rerun evaluates it again."""
+    import signal
+
+    from tasks.lm import LMTask
+
+    cfg = compose_cfg([*TINY, *TINY_MOE, "trainer.steps=2", "trainer.ckpt_every=2"])
+    got = []
+    previous = signal.signal(signal.SIGUSR1, lambda *a: got.append("theirs"))
+    real = LMTask.evaluate
+
+    def evaluate(self, split, *args, **kwargs):
+        if split == "test" and kwargs.get("stats"):
+            signal.raise_signal(signal.SIGUSR1)
+        return real(self, split, *args, **kwargs)
+
+    monkeypatch.setattr(LMTask, "evaluate", evaluate)
+    try:
+        with pytest.raises(SystemExit) as e:
+            RUN(cfg, tmp_path)
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+    assert e.value.code == 128 + signal.SIGUSR1 and got == ["theirs"]
+    assert (f"SIGUSR1 during the final evaluation: the step-2 checkpoint in {tmp_path} stays; "
+            f"rerun the same command to do it again") in capsys.readouterr().err
+    assert list_checkpoints(tmp_path) and not (tmp_path / "results.json").exists()
+    monkeypatch.setattr(LMTask, "evaluate", real)
+    assert RUN(cfg, tmp_path)["steps"] == 2
+
+
 def test_checkpoint_holds_everything_needed(tmp_path):
     cfg = compose_cfg([*TINY, *TINY_MOE, "trainer.steps=4", "trainer.ckpt_every=2",
                        "trainer.keep_checkpoints=2", "task.val_segments=1"])
