@@ -127,7 +127,7 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
     try:
         return torch.load(path, map_location="cpu", weights_only=False)
     except Exception as e:  # unpickling errors come in many types
-        what = f"{type(e).__name__}: {first_line(e)}"
+        what = ": ".join(x for x in (type(e).__name__, first_line(e)) if x)
         if verified or isinstance(e, (MemoryError, ImportError, OSError)):
             raise CheckpointUnloadable(
                 f"{path} cannot be loaded here ({what}), though "

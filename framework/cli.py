@@ -118,11 +118,6 @@ def dirname(overrides: str, limit: int = 120) -> str:
     return f"{overrides[:limit - 13]}..{hashlib.sha256(overrides.encode()).hexdigest()[:11]}"
 
 
-def is_cut(name: str) -> bool:
-    """Whether a run directory's name is `dirname`'s cut of longer overrides."""
-    return re.search(r"\.\.[0-9a-f]{11}$", name) is not None
-
-
 def undirname(name: str) -> str:
     """The overrides a run directory's name was written from (`dirname`, uncut)."""
     return name.replace("%2F", "/").replace("%25", "%")
@@ -185,12 +180,13 @@ def prepare_argv(argv: list[str]) -> None:
 
 
 def drop_repeated(argv: list[str]) -> None:
-    """A key set twice the same way (`trainer.steps=30 ... trainer.steps=2`: a base command
-    and a change): the last counts, as in Hydra, and the earlier ones leave argv. Left in,
-    both would name the run directory (sorted): `steps=30 steps=2` and `steps=2 steps=30`
-    would share one with different configs."""
-    def key(a: str) -> str | None:  # `+k` and `k` differ (add, set): not the same way
-        return a.partition("=")[0] if "=" in a and not a.startswith("-") else None
+    """A key set twice (`trainer.steps=30 ... trainer.steps=2`: a base command and a
+    change): the last counts, as in Hydra, and the earlier ones leave argv. Left in, both
+    would name the run directory (sorted): `steps=30 steps=2` and `steps=2 steps=30` would
+    share one with different configs. Additions and deletions (`+k=`, `~k`; `+exp=` twice)
+    are left to Hydra, which refuses repeats of those."""
+    def key(a: str) -> str | None:
+        return a.partition("=")[0] if "=" in a and not a.startswith(("-", "+", "~")) else None
 
     last = {key(a): i for i, a in enumerate(argv) if i and key(a)}
     argv[:] = [a for i, a in enumerate(argv) if not (i and key(a) and last[key(a)] != i)]
@@ -243,6 +239,17 @@ def sweep_experiments(sweep: str) -> list[str]:
     return [n.strip() for n in str(sweep_params(sweep).get("+exp", "")).split(",") if n.strip()]
 
 
+def check_not_eval_setting(key: str) -> None:
+    """An evaluation sweep's swept key may not be an evaluation setting: all its values
+    evaluate the one run trained without them, into its one eval_results.json."""
+    from framework.experiment import EVAL_SETTINGS, under
+
+    if under(key, EVAL_SETTINGS):
+        raise ConfigError(f"mode=eval sweeps {key}: every value would evaluate the same "
+                          f"trained run into its one eval_results.json; run one value per "
+                          f"command")
+
+
 def check_sweep_overrides(overrides: list[str]) -> None:
     """check_overrides for a sweep: its plain overrides (no sweep syntax) against each of its
     experiments, so that a typo stops it with one line naming the experiment (Hydra's answer
@@ -264,6 +271,10 @@ def check_sweep_overrides(overrides: list[str]) -> None:
             try:
                 if not parser.parse_override(o).is_sweep_override():
                     plain.append(o)
+                elif "mode=eval" in overrides:
+                    check_not_eval_setting(key)
+            except ConfigError:
+                raise
             except Exception:  # not an override Hydra can parse: Hydra itself says why
                 pass
     if not plain:

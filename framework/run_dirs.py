@@ -45,12 +45,7 @@ LOCK = ".lock"  # in a run directory: flock'ed while a run trains there (hold_ru
 
 
 class RunDirInUse(ConfigError):
-    """Another process holds the run directory's lock: a run trains there now. `holder`:
-    what its lock file says of it (pid, host, since when)."""
-
-    def __init__(self, message: str, holder: str = ""):
-        super().__init__(message)
-        self.holder = holder
+    """Another process holds the run directory's lock: a run trains there now."""
 
 
 REQUEUE_WAIT_S = 300.0  # how long a requeued Slurm job waits for its run directory's lock
@@ -126,10 +121,9 @@ def _locked_fd(run_dir: Path, wait_s: float | None) -> int | None:
             if not busy:
                 _note_unlocked(f"flock: {e.strerror}")
                 return None
-            holder = holder or "it has not said who"
-            raise RunDirInUse(f"{run_dir} is in use by another run ({holder}): wait for it "
-                              f"to finish or stop it; fresh=true starts a new run beside it",
-                              holder) from None
+            raise RunDirInUse(f"{run_dir} is in use by another run "
+                              f"({holder or 'it has not said who'}): wait for it to finish "
+                              f"or stop it; fresh=true starts a new run beside it") from None
     try:
         since = datetime.now(timezone.utc).isoformat(timespec="seconds")
         os.ftruncate(fd, 0)
@@ -198,13 +192,31 @@ def nothing_to_evaluate(run_dir: Path, found: int) -> str:
     if broken := list_broken(run_dir):
         return (f"mode=eval: none of the {len(broken)} checkpoints in {run_dir} loads (moved "
                 f"aside as *.pt.bad); repair one and rename it back to *.pt")
-    try:
-        with hold_run_dir(run_dir, wait_s=0):
-            pass
-    except RunDirInUse as e:
-        return (f"mode=eval: no checkpoint in {run_dir} yet: a run trains there ({e.holder}); "
+    if (holder := training_there(run_dir)) is not None:
+        return (f"mode=eval: no checkpoint in {run_dir} yet: a run trains there ({holder}); "
                 f"evaluate it once it has written one (every trainer.ckpt_every steps)")
     return f"mode=eval: no checkpoint in {run_dir}; train this run first"
+
+
+def training_there(run_dir: Path) -> str | None:
+    """What the lock file of a run training in run_dir says of it (pid, host, since when);
+    None when none trains there. A shared lock: the ranks of one evaluation that ask at
+    once do not take each other for a training run."""
+    if fcntl is None:
+        return None
+    try:
+        fd = os.open(run_dir / LOCK, os.O_RDONLY)
+    except OSError:  # no lock file: no run has trained here
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return None
+    except OSError as e:
+        if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            return None  # no flock here: nothing to tell
+        return os.read(fd, 300).decode(errors="replace").strip() or "it has not said who"
+    finally:
+        os.close(fd)
 
 
 def write_overrides(run_dir: Path) -> None:
@@ -245,10 +257,8 @@ def trained_run_dir(cfg: dict[str, Any], run_dir: Path) -> Path | None:
     the fewest settings win; one of them must have trained this config
     (experiment.trained_as), or None."""
     from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
 
-    if not HydraConfig.initialized() or HydraConfig.get().mode not in (RunMode.RUN,
-                                                                    RunMode.MULTIRUN):
+    if not HydraConfig.initialized():
         return None
     hc = HydraConfig.get()
     spec = hc.job.config.override_dirname

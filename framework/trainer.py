@@ -96,6 +96,18 @@ class TrainerConfig:
                               f"e.g. SIGUSR1, SIGUSR2, SIGTERM)")
 
 
+@contextmanager
+def handling(names: tuple[str, ...], handler) -> Iterator[dict[int, Any]]:
+    """`handler` for the signals `names` while the block runs; -> the handlers it replaced
+    (put back after)."""
+    previous = {getattr(signal, n): signal.signal(getattr(signal, n), handler) for n in names}
+    try:
+        yield previous
+    finally:
+        for sig, theirs in previous.items():
+            signal.signal(sig, theirs)
+
+
 class TrainingDiverged(RuntimeError):
     pass
 
@@ -275,17 +287,19 @@ class Trainer:
         step, which skipped steps (nan_policy=skip) leave as they were."""
         return self.saved_step >= self.step - self.skipped_in_row
 
-    def check_own(self, state: dict[str, Any], hashes: tuple[str, ...] = ()) -> None:
-        """ConfigError unless the checkpoint `state` is one of this config's (a run of
-        another config, or a file copied in from one). `hashes`: the config's (default this
-        trainer's)."""
+    def check_own(self, state: dict[str, Any], hashes: tuple[str, ...] = (),
+                  advice: str = "pass fresh=true to start a new run beside it, or "
+                                "hydra.run.dir=<new dir> (or move that file away if it was "
+                                "copied in)") -> None:
+        """ConfigError unless the checkpoint `state` is one of the config's (not a run of
+        another config, nor a file copied in from one). `hashes`: the config's (default
+        this trainer's, today's first)."""
         hashes = hashes or self.config_hashes
         if hashes and state.get("config_hash") not in (None, *hashes):
             raise ConfigError(
                 f"{checkpoint_path(self.run_dir, int(state['step'])).name} in {self.run_dir} "
-                f"is a checkpoint of another config (hash {state['config_hash']} != "
-                f"{self.config_hash}); pass fresh=true to start a new run beside it, or "
-                f"hydra.run.dir=<new dir> (or move that file away if it was copied in)")
+                f"is a checkpoint of another config (hash {state['config_hash']}, not "
+                f"{hashes[0]}); {advice}")
 
     def resume(self) -> bool:
         # rank 0 picks the checkpoint (and moves broken ones aside); the others load that one
@@ -402,18 +416,10 @@ class Trainer:
         return self._signal is not None
 
     def fit(self) -> None:
-        cfg = self.cfg
-        previous = {}
-        for name in cfg.preempt_signals:
-            sig = getattr(signal, name)
-            previous[sig] = signal.signal(sig, self._on_signal)
-        if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # no one else's
-            previous[signal.SIGINT] = signal.signal(signal.SIGINT, self._on_interrupt)
-        try:
+        ours = signal.getsignal(signal.SIGINT) is signal.default_int_handler  # no one else's
+        with handling(self.cfg.preempt_signals, self._on_signal), \
+                handling(("SIGINT",) if ours else (), self._on_interrupt):
             self._fit()
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
         if self._signal is not None:  # checkpoint written: now let the signal do its job
             if self.is_main:
                 note(f"{signal.Signals(self._signal).name} at step {self.step}: checkpoint "
@@ -426,28 +432,24 @@ class Trainer:
     @contextmanager
     def said_on_signal(self, what: str) -> Iterator[None]:
         """While `what` runs (the final evaluation, after fit has put the handlers back): a
-        preemption signal acts as it would (Slurm's requeue, or the default: stop), after
-        one line on what it stopped, which a rerun does again (before: no line, rc 143)."""
-        previous: dict[int, Any] = {}
-
+        preemption signal does what it would have done (the default: stop; submitit's
+        handler: requeue, or log and go on; ignored), after a line saying that a rerun does
+        `what` again (before: a stop without a line, rc 143)."""
         def on_signal(signum, frame):
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
             if self.is_main:
                 note(f"{signal.Signals(signum).name} during {what}: the step-{self.step} "
-                     f"checkpoint in {self.run_dir} stays; rerun the same command to do it "
-                     f"again")
-            signal.raise_signal(signum)
-            raise SystemExit(128 + signum)  # a handler that returned: still stop
+                     f"checkpoint in {self.run_dir} stays; if the run stops here, rerunning "
+                     f"the same command does it again")
+            theirs = previous[signum]
+            if callable(theirs):
+                theirs(signum, frame)
+            elif theirs == signal.SIG_DFL:
+                signal.signal(signum, signal.SIG_DFL)
+                signal.raise_signal(signum)
+                raise SystemExit(128 + signum)  # (the default action stops the process)
 
-        for name in self.cfg.preempt_signals:
-            sig = getattr(signal, name)
-            previous[sig] = signal.signal(sig, on_signal)
-        try:
+        with handling(self.cfg.preempt_signals, on_signal) as previous:
             yield
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
 
     def _precompile(self) -> None:
         """On a GPU, the task compiles its kernels ahead where it can (LMTask.precompile:

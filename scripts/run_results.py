@@ -84,16 +84,19 @@ def run_overrides(run_dir: Path, name: str) -> str | None:
     """The overrides of `.../<name>/<overrides>` ('' for `.../<name>`), None if the
     directory was chosen by hand. A `fresh=true` sibling (`-2`, `-3`) has the same ones: the
     suffix goes when the directory it was made beside exists (`trainer.lr=1e-3` keeps it).
-    A name cut to a hash (over 120 characters) is read from the run's overrides.yaml."""
-    from framework.cli import is_cut, undirname
+    Where the run recorded them (overrides.yaml), from there: a name over 120 characters is
+    cut to a hash."""
+    from framework.cli import dirname, undirname
 
     pat = re.compile(rf"^{re.escape(name)}(-\d+)?$")
     if pat.match(run_dir.name):
         return ""
     if pat.match(run_dir.parent.name):
         first = re.sub(r"-\d+$", "", run_dir.name)
-        shown = first if (run_dir.parent / first).is_dir() else run_dir.name
-        return (is_cut(shown) and recorded_overrides(run_dir)) or undirname(shown)
+        recorded = recorded_overrides(run_dir)  # (a record of this directory's name only)
+        if recorded is not None and dirname(recorded) in (first, run_dir.name):
+            return recorded
+        return undirname(first if (run_dir.parent / first).is_dir() else run_dir.name)
     return None
 
 

@@ -151,8 +151,11 @@ def run(cfg: dict[str, Any], run_dir: Path) -> dict[str, Any] | None:
             if state is None:
                 raise ConfigError(nothing_to_evaluate(run_dir, found))
             # a file copied in: its numbers are not this run's (the config it trained, as
-            # its config.yaml says: this one's evaluation settings may differ)
-            trainer.check_own(state, run_hashes(saved_config(run_dir) or cfg))
+            # its config.yaml says: this one's evaluation settings may differ; without one,
+            # as check_trained_as, nothing to check against)
+            if (trained := saved_config(run_dir)) is not None:
+                trainer.check_own(state, run_hashes(trained), "move it away to evaluate the "
+                                  "run's own checkpoints")
             try:
                 model.load_state_dict(state["model"])
             except RuntimeError as e:  # torch's size mismatch list: many lines

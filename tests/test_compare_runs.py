@@ -63,9 +63,16 @@ def test_seeds_of_long_overrides_group_by_what_the_runs_recorded(tmp_path):
         if seed < 2:
             (runs / "glu" / dirname(over) / OVERRIDES).write_text(yaml.safe_dump(
                 {"overrides": [f"+exp=glu,{over}"], "dirname": over}))
+    # a fresh=true sibling whose first directory is gone; a record of another directory's
+    # name (copied along with a run) is not read
+    over = f"{long},trainer.seed=3"
+    finished(runs / "glu" / f"{dirname(over)}-2", "glu", 3, 4.0)
+    (runs / "glu" / f"{dirname(over)}-2" / OVERRIDES).write_text(f"dirname: {over}\n")
+    (runs / "glu" / dirname(f"{long},trainer.seed=2") / OVERRIDES).write_text(
+        f"dirname: {long},trainer.seed=9\n")
     rows = sorted(line.split(" | bpc |")[0] for line in
                   compare_runs.main(["--runs", str(runs)]).splitlines()[2:])
-    assert rows == sorted([f"| glu | {long} | 0,1",
+    assert rows == sorted([f"| glu | {long} | 0,1,3",
                            f"| glu | {dirname(long + ',trainer.seed=2')} | 2"])
 
 

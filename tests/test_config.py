@@ -225,6 +225,21 @@ def test_override_check_two_bad_keys_and_options_left_to_hydra(capsys):
         prepare_argv(["run.py", *extra, "mode=params"])  # where configs come from: Hydra's
 
 
+def test_an_eval_sweep_of_evaluation_settings_is_refused(capsys):
+    """Each value would evaluate the one run trained without them, into its one
+    eval_results.json (at once, under the local or Slurm launcher)."""
+    from framework.cli import prepare_argv
+
+    with pytest.raises(SystemExit):
+        prepare_argv(["run.py", "-m", "+sweep=mini", "+exp=mini_enwik_moe", "mode=eval",
+                      "task.final_segments=0,2"])
+    assert capsys.readouterr().err == (
+        "error: mode=eval sweeps task.final_segments: every value would evaluate the same "
+        "trained run into its one eval_results.json; run one value per command\n")
+    prepare_argv(["run.py", "-m", "+sweep=mini", "+exp=mini_enwik_moe", "mode=eval",
+                  "trainer.seed=0,1", "task.final_segments=0"])  # seeds: runs of their own
+
+
 def test_a_key_given_twice_counts_once(capsys):
     """Hydra takes the last; left in argv, both would name the run directory (sorted), so
     `steps=30 steps=2` and `steps=2 steps=30` would share one with different configs. The
@@ -236,6 +251,9 @@ def test_a_key_given_twice_counts_once(capsys):
     prepare_argv(argv)
     assert argv == ["run.py", "+exp=mini_moe", "-m", "trainer.steps=2,3", "+trainer.x=1",
                     "trainer.x=2", "mode=params"]
+    with pytest.raises(SystemExit):  # additions: Hydra's to refuse, not ours to pick one
+        prepare_argv(["run.py", "+exp=mini_moe", "+exp=mini_dense", "mode=params"])
+    assert capsys.readouterr().err.startswith("error: Multiple values for exp.")
     assert capsys.readouterr().err == ""
 
 

@@ -199,14 +199,26 @@ def test_ctrl_c_checkpoints_after_the_step_and_rerun_resumes(tmp_path, reference
     same_results(tmp_path / "run", reference)
 
 
+@pytest.mark.skipif(sys.platform == "win32", reason="flock")
 def test_eval_of_a_run_that_has_not_checkpointed_yet(tmp_path):
     """Its directory locked by the run training there: 'train this run first' would be
     wrong (and so would training it)."""
+    import fcntl
+
     from framework.run_dirs import hold_run_dir
 
     cfg = {**compose_cfg([*OVERRIDES, "trainer.steps=2"]), "mode": "eval"}
     with pytest.raises(ConfigError, match="; train this run first$"):
         RUN(cfg, tmp_path)
+    # the ranks of one evaluation asking at once (a shared lock held) are no training run
+    (tmp_path / ".lock").touch()  # as a training run leaves it
+    fd = os.open(tmp_path / ".lock", os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        with pytest.raises(ConfigError, match="; train this run first$"):
+            RUN(cfg, tmp_path)
+    finally:
+        os.close(fd)
     with hold_run_dir(tmp_path), pytest.raises(ConfigError) as e:  # as another process would
         RUN(cfg, tmp_path)
     assert re.fullmatch(

@@ -192,7 +192,6 @@ def test_gpu_check_refuses_without_cuda_unless_told(tmp_path):
     for minutes and tell nothing. GPU_CHECK_ALLOW_CPU=1 runs it anyway, and its env step
     says "no CUDA device" where torch.cuda.get_device_name would raise. A python that
     cannot answer (no torch) is refused too."""
-    pytest.importorskip("triton")  # the env step imports it (a GPU machine has it)
     import subprocess
     import sys
 
@@ -213,6 +212,7 @@ def test_gpu_check_refuses_without_cuda_unless_told(tmp_path):
     assert done.returncode == 1 and done.stdout.startswith(
         "error: scripts/gpu_check.sh: false could not tell whether a CUDA device is here")
     assert not (tmp_path / "out").exists()
+    pytest.importorskip("triton")  # the env step imports it (a GPU machine has it)
     done = gpu_check(GPU_CHECK_ALLOW_CPU="1")
     assert done.returncode == 0, done.stdout + done.stderr
     log = (tmp_path / "out" / "gpu_check.log").read_text()

@@ -17,6 +17,7 @@ import pytest
 
 from framework.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
 from framework.config import ConfigError
+from framework.experiment import run_hashes
 from tests.helpers import compose_cfg, metrics
 from tests.test_faults import OVERRIDES, RUN
 
@@ -119,9 +120,12 @@ def test_checkpoints_of_another_config_are_not_resumed(tmp_path):
     own = compose_cfg([*OVERRIDES, "trainer.steps=2"])
     state = load_checkpoint(list_checkpoints(tmp_path)[-1])
     save_checkpoint(tmp_path, 3, {**state, "step": 3, "config_hash": "0123456789ab"})
-    with pytest.raises(ConfigError, match="^checkpoint_00000003.pt in .* is a checkpoint of "
-                                          "another config"):
-        RUN({**own, "mode": "eval"}, tmp_path)
+    trained = run_hashes(own)[0]
+    with pytest.raises(ConfigError) as e:  # evaluated with other evaluation settings
+        RUN({**own, "mode": "eval", "task": {**own["task"], "final_segments": 1}}, tmp_path)
+    assert re.fullmatch(r"checkpoint_00000003.pt in .* is a checkpoint of another config \(hash "
+                        rf"0123456789ab, not {trained}\); move it away to evaluate the run's "
+                        r"own checkpoints", str(e.value))
     assert not (tmp_path / "eval_results.json").exists()
     (tmp_path / "checkpoint_00000003.pt").unlink()
     # another shape (a copied checkpoint from before runs recorded their hash): one line,

@@ -24,7 +24,7 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 from submitit.slurm.slurm import SlurmJobEnvironment
 
-from framework.cli import OVERRIDES, dirname, is_cut
+from framework.cli import OVERRIDES, dirname
 from framework.config import ConfigError
 from scripts import make_sweeps
 from tests.helpers import TINY, TINY_MOE, compose_sweep, jobs
@@ -250,9 +250,9 @@ def test_ctrl_c_stops_local_jobs_with_a_checkpoint(tmp_path, setup):
         assert logs.count("SIGINT at step ") == 2 and "Traceback" not in logs
         for run in sweep.glob("mini_moe/*"):  # each recorded its overrides, uncut
             recorded = yaml.safe_load((run / OVERRIDES).read_text())
-            assert dirname(recorded["dirname"]) == run.name and is_cut(run.name)
-            assert "+exp=mini_moe" in recorded["overrides"] and "trainer.seed=" in run.name \
-                or any(o.startswith("trainer.seed=") for o in recorded["overrides"])
+            assert dirname(recorded["dirname"]) == run.name != recorded["dirname"]  # cut
+            assert "+exp=mini_moe" in recorded["overrides"]
+            assert any(o.startswith("trainer.seed=") for o in recorded["overrides"])
         if setup:
             assert (tmp_path / "setup.log").read_text() == "ran\n" * 2
             return  # the launcher's death below: as without setup lines
@@ -342,10 +342,9 @@ def test_the_launchers_report_each_kind_of_failure(tmp_path, monkeypatch, capsys
         (FakeJob(tmp_path / "5", "", job_return(JobStatus.FAILED, ValueError("bad value"))),
          "ValueError: bad value", "err"),
         (FakeJob(tmp_path / "6", "", raises=UncompletedJobError("no log")),  # deleted below
-         "stopped without a result before it started (no log: did a hydra.launcher.setup "
-         "line fail?)", "out"),
+         "stopped without a result before it started (no log)", "out"),
     ]
-    for log in (tmp_path / "6").iterdir():  # a local job whose setup line failed: no log
+    for log in (tmp_path / "6").iterdir():  # a job that never started (Slurm: cancelled)
         log.unlink()
     for i, (job, line, log) in enumerate(cases):
         assert settled(job, [f"+exp=e{i}", "trainer.seed=0"]) == [None]
@@ -353,6 +352,14 @@ def test_the_launchers_report_each_kind_of_failure(tmp_path, monkeypatch, capsys
             f"error: {line} [job +exp=e{i} trainer.seed=0; log {tmp_path / str(i)}/7_0_log."
             f"{log}]\n")
     assert cli.FAILED_JOBS == [f"+exp=e{i} trainer.seed=0" for i in range(len(cases))]
+    # with the launcher's setup lines (a local job whose setup failed leaves no log)
+    job = FakeJob(tmp_path / "7", "", raises=UncompletedJobError("no log"))
+    for log in (tmp_path / "7").iterdir():
+        log.unlink()
+    assert _Sweep(poll_s=0, setup=True).add(job, ["+exp=e"]).results() == [None]
+    assert capsys.readouterr().err.startswith(
+        "error: stopped without a result before it started (no log) (did a "
+        "hydra.launcher.setup line fail?) [job +exp=e; log ")
 
 
 @pytest.mark.parametrize("terminal", [False, True])

@@ -75,37 +75,42 @@ def test_resuming_on_another_number_of_ranks_says_so(tmp_path, capsys):
             "its own dropout masks") in capsys.readouterr().err
 
 
-def test_a_signal_during_the_final_evaluation_says_what_it_stopped(tmp_path, monkeypatch,
-                                                                    capsys):
+@pytest.mark.parametrize("theirs", ["returns", "default"])
+def test_a_signal_during_the_final_evaluation_says_so(tmp_path, monkeypatch, capsys, theirs):
     """After fit the handlers are back: a SIGTERM/SIGUSR* there stopped the run with no line
-    (rc 143). It still acts as before (here a handler of the test's, as Slurm's would be),
-    after the line; the checkpoint stays and a rerun evaluates it again."""
+    (rc 143). It does what it did (a handler of someone else's, as submitit's that logs and
+    returns: the evaluation goes on; the default: stop), after the line."""
+    import os
     import signal
 
     from tasks.lm import LMTask
 
     cfg = compose_cfg([*TINY, *TINY_MOE, "trainer.steps=2", "trainer.ckpt_every=2"])
-    got = []
-    previous = signal.signal(signal.SIGUSR1, lambda *a: got.append("theirs"))
+    got, raised = [], []
+    previous = signal.signal(signal.SIGUSR1, (lambda *a: got.append("theirs")) if
+                             theirs == "returns" else signal.SIG_DFL)
+    monkeypatch.setattr(signal, "raise_signal", raised.append)  # the default would stop pytest
     real = LMTask.evaluate
 
     def evaluate(self, split, *args, **kwargs):
         if split == "test" and kwargs.get("stats"):
-            signal.raise_signal(signal.SIGUSR1)
+            os.kill(os.getpid(), signal.SIGUSR1)
         return real(self, split, *args, **kwargs)
 
     monkeypatch.setattr(LMTask, "evaluate", evaluate)
     try:
-        with pytest.raises(SystemExit) as e:
-            RUN(cfg, tmp_path)
+        if theirs == "returns":
+            assert RUN(cfg, tmp_path)["steps"] == 2 and got == ["theirs"] and not raised
+        else:
+            with pytest.raises(SystemExit) as e:
+                RUN(cfg, tmp_path)
+            assert e.value.code == 128 + signal.SIGUSR1 and raised == [signal.SIGUSR1]
+            assert not (tmp_path / "results.json").exists() and list_checkpoints(tmp_path)
     finally:
         signal.signal(signal.SIGUSR1, previous)
-    assert e.value.code == 128 + signal.SIGUSR1 and got == ["theirs"]
     assert (f"SIGUSR1 during the final evaluation: the step-2 checkpoint in {tmp_path} stays; "
-            f"rerun the same command to do it again") in capsys.readouterr().err
-    assert list_checkpoints(tmp_path) and not (tmp_path / "results.json").exists()
-    monkeypatch.setattr(LMTask, "evaluate", real)
-    assert RUN(cfg, tmp_path)["steps"] == 2
+            f"if the run stops here, rerunning the same command does it again"
+            ) in capsys.readouterr().err
 
 
 def test_checkpoint_holds_everything_needed(tmp_path):

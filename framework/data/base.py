@@ -8,7 +8,6 @@ the single-process batch, which makes DDP and one process agree.
 from __future__ import annotations
 
 import gzip
-import json
 import zipfile
 import zlib
 from collections.abc import Iterator
@@ -29,12 +28,13 @@ class DataError(RuntimeError):
 
 @contextmanager
 def reading(path: Path | str) -> Iterator[None]:
-    """A damaged source file (truncated archive, bytes that are not UTF-8, a line that is
-    not JSON) becomes a one-line DataError naming it, not a traceback without the file."""
+    """A damaged source file (truncated archive, bytes that are not UTF-8) becomes a
+    one-line DataError naming it, not a traceback without the file (a line that is not JSON:
+    hf_stream.local_texts, which knows the line)."""
     try:
         yield
-    except (UnicodeDecodeError, EOFError, zlib.error, zipfile.BadZipFile, gzip.BadGzipFile,
-            json.JSONDecodeError) as e:
+    except (UnicodeDecodeError, EOFError, zlib.error, zipfile.BadZipFile,
+            gzip.BadGzipFile) as e:
         raise DataError(f"{path}: {type(e).__name__}: {first_line(e)}; is the file complete "
                         f"and in its original format? (download it again)") from None
 

@@ -206,14 +206,14 @@ class HfStream:
         def build(src: Source, out: Path, previous: Entry | None) -> dict:
             texts = src.handle
             n = cfg.valid_docs
-            test_docs = [0]  # counted as they are read
 
             def test() -> Iterator[str]:  # the validation shards' documents n..2n
+                docs = 0
                 for doc in itertools.islice(texts["valid"](), n, 2 * n):
-                    test_docs[0] += 1
+                    docs += 1
                     yield doc
-                if test_docs[0] < n:  # valid and test would be short, silently
-                    held = n + test_docs[0] if test_docs[0] else f"at most {n}"
+                if docs < n:  # valid and test would be short, silently
+                    held = n + docs if docs else f"at most {n}"
                     raise DataError(f"{name}: the validation shards ({cfg.valid_files}) hold "
                                     f"{held} documents, fewer than the 2 x dataset.valid_docs"
                                     f"={n} that valid and test take: lower valid_docs or add "

@@ -90,9 +90,10 @@ class _Settled:
             except UncompletedJobError:  # killed, timed out, or failed outside its task
                 path, log = log_tail(self.job)
                 last = said(log, prefix="")
+                setup = " (did a hydra.launcher.setup line fail?)" if self.sweep.setup else ""
                 line = said(log) or ("stopped without a result" + (
                     f"; its log ends: {last}" if last else "" if path.exists() else
-                    " before it started (no log: did a hydra.launcher.setup line fail?)"))
+                    f" before it started (no log){setup}"))
             else:
                 if ret.status != JobStatus.FAILED:
                     self.outcome = [ret]
@@ -110,9 +111,10 @@ class _Sweep:
     it happens, not after the jobs submitted before it), with the sweep's progress on stderr.
     `job.done()` is cheap: a stat of the result file, and submitit's own rate-limited sacct."""
 
-    def __init__(self, poll_s: float):
+    def __init__(self, poll_s: float, setup: bool = False):
         self.jobs: list[_Settled] = []
         self.poll_s, self.finished, self.failed, self.bar = poll_s, 0, 0, None
+        self.setup = setup  # the jobs run the launcher's setup lines first
 
     def add(self, job: Any, overrides: Sequence[str]) -> _Settled:
         self.jobs.append(_Settled(job, overrides, self))
@@ -163,7 +165,7 @@ class _ReportEachJob(plugin.BaseSubmititLauncher):
         # in one method; its jobs are wrapped as they are submitted (map_array's first
         # iterable: the overrides).
         submit = submitit.AutoExecutor.map_array
-        sweep = _Sweep(poll_s=self.POLL_S)
+        sweep = _Sweep(poll_s=self.POLL_S, setup=bool(self.params.get("setup")))
 
         def map_array(executor, fn, *iterables):
             settled = [sweep.add(job, overrides) for job, overrides
