@@ -367,6 +367,16 @@ def removable_up_to() -> Path | None:
     return Path(HydraConfig.get().sweep.dir) if job[1] else None
 
 
+def _out_of_requeues(e: BaseException) -> bool:
+    """submitit's "Job not requeued because: timed-out too many times" (its SIGUSR2 handler,
+    which the trainer's checkpoint-then-signal calls), or a requeue that failed."""
+    try:
+        from submitit.core.utils import UncompletedJobError
+    except ImportError:
+        return False
+    return isinstance(e, UncompletedJobError) and "not requeued" in str(e)
+
+
 @contextmanager
 def handle_errors():
     """Turn the errors a user can fix into one line on stderr and exit code 1 (run.py removes
@@ -388,6 +398,11 @@ def handle_errors():
         sys.exit(130)
     except Exception as e:
         job = _sweep_job()
+        if _out_of_requeues(e):  # submitit's, after the trainer's checkpoint: no bug
+            e = ConfigError(f"{first_line(e).rstrip('.')}: the run's last checkpoint is "
+                            f"kept, and relaunching the same command resumes it (more "
+                            f"requeues: hydra.launcher.max_num_timeout, or a longer "
+                            f"timeout_min)")
         if isinstance(e, (ConfigError, DataError, RegistryError, CheckpointError,
                           TrainingDiverged)) or is_environment_error(e):
             if job is None or not job[1]:

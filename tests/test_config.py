@@ -364,6 +364,24 @@ def test_a_full_or_read_only_disk_is_one_line(monkeypatch, capsys):
             raise FileNotFoundError(errno.ENOENT, "No such file or directory", "/x")
 
 
+def test_a_job_out_of_requeues_says_how_to_go_on(monkeypatch, capsys):
+    """submitit's SIGUSR2 handler (which the trainer calls after its checkpoint) raises this
+    at the last time limit: a traceback and "(traceback above)" said "a bug"."""
+    from submitit.core.utils import UncompletedJobError
+
+    from framework import cli
+
+    monkeypatch.setattr(cli, "_sweep_job", lambda: None)
+    with pytest.raises(SystemExit) as e:
+        with cli.handle_errors():
+            raise UncompletedJobError("Job not requeued because: timed-out too many times.")
+    assert e.value.code == 1
+    assert capsys.readouterr().err == (
+        "error: Job not requeued because: timed-out too many times: the run's last checkpoint "
+        "is kept, and relaunching the same command resumes it (more requeues: "
+        "hydra.launcher.max_num_timeout, or a longer timeout_min)\n")
+
+
 def test_under_torchrun_rank_0_says_what_every_rank_found(monkeypatch, capsys):
     """Every rank reaches the same config verdict: rank 0 prints it, the others exit 1
     silently (their copies came out glued to it); an error of a rank's own names its rank."""
