@@ -435,12 +435,14 @@ class Trainer:
         preemption signal does what it would have done (the default: stop; submitit's
         handler: requeue, or log and go on; ignored), after a line saying that a rerun does
         `what` again (before: a stop without a line, rc 143)."""
+        previous: dict[int, Any] = {}  # filled as the handlers go in
+
         def on_signal(signum, frame):
             if self.is_main:
                 note(f"{signal.Signals(signum).name} during {what}: the step-{self.step} "
                      f"checkpoint in {self.run_dir} stays; if the run stops here, rerunning "
                      f"the same command does it again")
-            theirs = previous[signum]
+            theirs = previous.get(signum, signal.SIG_DFL)
             if callable(theirs):
                 theirs(signum, frame)
             elif theirs == signal.SIG_DFL:
@@ -448,7 +450,8 @@ class Trainer:
                 signal.raise_signal(signum)
                 raise SystemExit(128 + signum)  # (the default action stops the process)
 
-        with handling(self.cfg.preempt_signals, on_signal) as previous:
+        with handling(self.cfg.preempt_signals, on_signal) as replaced:
+            previous.update(replaced)
             yield
 
     def _precompile(self) -> None:
