@@ -28,6 +28,7 @@ from framework.cli import OVERRIDES, dirname
 from framework.config import ConfigError
 from scripts import make_sweeps
 from tests.helpers import TINY, TINY_MOE, compose_sweep, jobs
+from tests.test_faults import sigint_as_from_a_terminal
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = ROOT / "configs"
@@ -203,7 +204,7 @@ def _start_training_sweep(cwd: Path, started: list[subprocess.Popen], resumed: b
          "trainer.ckpt_every=1000000", "trainer.val_every=1000000", "trainer.log_every=1",
          *extra],
         cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-        start_new_session=True)
+        start_new_session=True, preexec_fn=sigint_as_from_a_terminal)
     started.append(launcher)
     sweep = cwd / "runs" / "sweeps" / "multirun"
     deadline = time.monotonic() + 120
