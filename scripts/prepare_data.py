@@ -85,14 +85,13 @@ def main(argv: list[str] | None = None) -> int:
         if verify:  # the entry as prepared: nothing built, nothing loaded (a C4 prefix's hash)
             with prepared_only():
                 entry = cls.entry(cfg)
-            problems, made = entry.verify(), entry.manifest
+            problems, made, where = entry.verify(), entry.manifest, entry.path
             sizes = {split: info["length"] for split, info in made["arrays"].items()}
             vocab, metric = made["vocab_size"], made["metric"]
-        else:
+        else:  # (where it was cached: as the load found it, not looked up again)
             data = cls.load(cfg)
-            entry = cls.entry(cfg) if hasattr(cls, "entry") else None
             problems, sizes = [], {split: len(a) for split, a in data.splits.items()}
-            vocab, metric = data.vocab_size, data.metric
+            vocab, metric, where = data.vocab_size, data.metric, data.origin.get("cache_entry")
     except (ConfigError, ValueError, DataError, OSError) as e:
         if isinstance(e, OSError) and not is_environment_error(e):
             raise
@@ -104,9 +103,8 @@ def main(argv: list[str] | None = None) -> int:
         print("interrupted; nothing half-prepared is kept: rerun the same command",
               file=sys.stderr)
         return 130
-    where = f" in {entry.path}" if entry is not None else ""
     print(f"{name}: {', '.join(f'{s} {n:,}' for s, n in sizes.items())} tokens, vocab {vocab}, "
-          f"metric {metric}{where} ({time.time() - t0:.1f} s)")
+          f"metric {metric}{f' in {where}' if where else ''} ({time.time() - t0:.1f} s)")
     for problem in problems:
         print(f"error: {entry.path}: {problem}", file=sys.stderr)
     if problems:

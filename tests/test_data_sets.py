@@ -325,7 +325,9 @@ def test_prepare_data_script(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(enwik8, "ENWIK8_BYTES", 1300)  # a small stand-in for the real file
     assert prepare_data.main(["enwik8", "--source", str(tmp_path / "enwik8"),
                               "--cache-dir", str(tmp_path / "c")]) == 0
-    assert "train 1,170, valid 65, test 65 tokens" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    entry = Enwik8.entry(Enwik8Config(cache_dir=str(tmp_path / "c")))
+    assert f"train 1,170, valid 65, test 65 tokens, vocab 10, metric bpc in {entry.path} (" in out
     verify = ["enwik8", "--cache-dir", str(tmp_path / "c"), "--verify"]
     assert prepare_data.main(verify) == 0
     assert "verified: every file matches its sha256 (3 files)" in capsys.readouterr().out
