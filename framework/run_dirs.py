@@ -286,7 +286,7 @@ def choose_run_dir(cfg: dict[str, Any], run_dir: Path, held: ExitStack | None = 
     also locks the directory (hold_run_dir; the ranks share it) until `held` closes
     (run.py: when the run ends); without `held`, on return."""
     from framework.distributed import broadcast_from_main, init_distributed
-    from framework.trainer import resolve_device
+    from framework.runtime import resolve_device
 
     info = init_distributed(resolve_device(cfg["trainer"]["device"]).type)
     decision: tuple[str | None, str | None] = (None, None)

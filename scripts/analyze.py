@@ -113,7 +113,7 @@ def runnable_backend(model_cfg, dev):
 def resolve_device(name: str):
     """--device, checked before anything is loaded (framework.trainer says trainer.device)."""
     from framework.config import ConfigError
-    from framework.trainer import resolve_device as resolve
+    from framework.runtime import resolve_device as resolve
 
     try:
         return resolve(name)

@@ -55,9 +55,9 @@ from scripts.run_results import (  # noqa: E402
     print_out,
     real,
     run_roots,
-    wandb_runs,
 )
 from scripts.run_versions import code_versions, data_versions  # noqa: E402
+from scripts.wandb_runs import wandb_runs  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 VALID_SPLIT_DATASETS = {"c4", "pes2o"}

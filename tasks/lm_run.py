@@ -32,15 +32,8 @@ from framework.experiment import (
 )
 from framework.loggers import LoggerConfig, RunLogger
 from framework.run_dirs import nothing_to_evaluate, write_overrides
-from framework.trainer import (
-    Trainer,
-    TrainerConfig,
-    TrainingDiverged,
-    note,
-    resolve_device,
-    resolve_precision,
-    seed_everything,
-)
+from framework.runtime import resolve_device, resolve_precision, seed_everything
+from framework.trainer import Trainer, TrainerConfig, TrainingDiverged, note
 from models.ffn.experts import ExpertsConfig
 from models.flops import ffn_flops, has_flops_formula, relative_ffn_flops
 from models.transformer_xl import TransformerXL, n_params

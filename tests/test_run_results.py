@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from scripts import paper_tables, run_results, run_versions
+from scripts import paper_tables, run_results, run_versions, wandb_runs
 from tests.test_paper_tables import fake_run, run_record, write_exp
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -157,7 +157,7 @@ def test_wandb_summaries_become_plain_dicts():
             return self.d.items()
 
     data = Sub({"name": "c4", "sha256": Sub({"train": "a", "valid": "b"}), "l": (Sub({}),)})
-    got = run_results.plain(data)
+    got = wandb_runs.plain(data)
     assert got == {"name": "c4", "sha256": {"train": "a", "valid": "b"}, "l": [{}]}
     assert run_versions.data_label(got) is not None
 

@@ -287,7 +287,7 @@ def test_logged_lr_follows_the_schedule_and_gradients_are_clipped(tmp_path, monk
 ])
 def test_a_device_this_machine_lacks_is_a_config_error(name, said, monkeypatch):
     """Before: a traceback from the first `.to(device)`, after config.yaml was written."""
-    from framework.trainer import resolve_device
+    from framework.runtime import resolve_device
 
     monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
     with pytest.raises(ConfigError) as e:
