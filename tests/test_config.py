@@ -345,60 +345,6 @@ def test_an_unknown_top_level_key_is_one_line(tmp_path):
     check_top_level(compose_cfg([], "wt103_small_moe"))  # `paper:` is an experiment's
 
 
-def test_a_full_or_read_only_disk_is_one_line(monkeypatch, capsys):
-    """An OSError the user fixes outside the code (a read-only or full disk, a quota, a
-    permission) is one line; any other OSError keeps its traceback (it may be a bug)."""
-    import errno
-
-    from framework import cli
-
-    monkeypatch.setattr(cli, "_sweep_job", lambda: None)
-    with pytest.raises(SystemExit) as e:
-        with cli.handle_errors():
-            raise OSError(errno.ENOSPC, "No space left on device", "/scratch/cache/wt103")
-    assert e.value.code == 1
-    assert capsys.readouterr().err == (
-        "error: [Errno 28] No space left on device: '/scratch/cache/wt103'\n")
-    with pytest.raises(FileNotFoundError):
-        with cli.handle_errors():
-            raise FileNotFoundError(errno.ENOENT, "No such file or directory", "/x")
-
-
-def test_a_job_out_of_requeues_says_how_to_go_on(monkeypatch, capsys):
-    """submitit's SIGUSR2 handler (which the trainer calls after its checkpoint) raises this
-    at the last time limit: a traceback and "(traceback above)" said "a bug"."""
-    from submitit.core.utils import UncompletedJobError
-
-    from framework import cli
-
-    monkeypatch.setattr(cli, "_sweep_job", lambda: None)
-    with pytest.raises(SystemExit) as e:
-        with cli.handle_errors():
-            raise UncompletedJobError("Job not requeued because: timed-out too many times.")
-    assert e.value.code == 1
-    assert capsys.readouterr().err == (
-        "error: Job not requeued because: timed-out too many times: the run's last checkpoint "
-        "is kept, and relaunching the same command resumes it (more requeues: "
-        "hydra.launcher.max_num_timeout, or a longer timeout_min)\n")
-
-
-def test_under_torchrun_rank_0_says_what_every_rank_found(monkeypatch, capsys):
-    """Every rank reaches the same config verdict: rank 0 prints it, the others exit 1
-    silently (their copies came out glued to it); an error of a rank's own names its rank."""
-    from framework import cli
-    from framework.checkpoint import CheckpointError
-
-    monkeypatch.setattr(cli, "_sweep_job", lambda: None)
-    for rank, error, said in (("1", ConfigError("bad batch"), ""),
-                              ("0", ConfigError("bad batch"), "error: bad batch\n"),
-                              ("1", CheckpointError("disk"), "rank 1: error: disk\n")):
-        monkeypatch.setenv("RANK", rank)
-        with pytest.raises(SystemExit) as e:
-            with cli.handle_errors():
-                raise error
-        assert e.value.code == 1 and capsys.readouterr().err == said
-
-
 def test_a_backend_that_cannot_run_the_evaluation_stops_before_training(monkeypatch):
     """Evaluation runs in float32 (no autocast): grouped_mm on CUDA (bf16 only) trained,
     then failed at its first validation. Driven here with grouped_mm's CUDA rule."""
@@ -476,17 +422,6 @@ def test_an_unknown_option_or_a_group_without_plus_is_one_line():
     assert "(available: " in str(e.value) and "sigma_moe" in str(e.value)
     with pytest.raises(ConfigError, match=r"^write \+sweep=NAME, with a '\+'"):
         check_overrides(["sweep=moe", "+exp=mini_moe"])
-
-
-@pytest.mark.parametrize("code", ["EACCES", "EPERM", "EROFS", "ENOSPC", "EDQUOT"])
-def test_which_os_errors_the_user_fixes_outside_the_code(code):
-    import errno
-
-    from framework.config import is_environment_error
-
-    assert is_environment_error(OSError(getattr(errno, code), "x"))
-    assert not is_environment_error(OSError(errno.ENOENT, "x"))
-    assert not is_environment_error(ValueError("x"))
 
 
 def test_from_dict_refuses_booleans_for_numbers_and_missing_keys():

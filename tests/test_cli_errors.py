@@ -1,0 +1,71 @@
+"""What a user's mistake or the machine's trouble prints (framework/cli.py handle_errors):
+one line, exit 1, said once under torchrun; and which disk errors are the user's to fix."""
+
+import pytest
+
+from framework.config import ConfigError
+
+
+def test_a_full_or_read_only_disk_is_one_line(monkeypatch, capsys):
+    """An OSError the user fixes outside the code (a read-only or full disk, a quota, a
+    permission) is one line; any other OSError keeps its traceback (it may be a bug)."""
+    import errno
+
+    from framework import cli
+
+    monkeypatch.setattr(cli, "_sweep_job", lambda: None)
+    with pytest.raises(SystemExit) as e:
+        with cli.handle_errors():
+            raise OSError(errno.ENOSPC, "No space left on device", "/scratch/cache/wt103")
+    assert e.value.code == 1
+    assert capsys.readouterr().err == (
+        "error: [Errno 28] No space left on device: '/scratch/cache/wt103'\n")
+    with pytest.raises(FileNotFoundError):
+        with cli.handle_errors():
+            raise FileNotFoundError(errno.ENOENT, "No such file or directory", "/x")
+
+
+def test_a_job_out_of_requeues_says_how_to_go_on(monkeypatch, capsys):
+    """submitit's SIGUSR2 handler (which the trainer calls after its checkpoint) raises this
+    at the last time limit: a traceback and "(traceback above)" said "a bug"."""
+    from submitit.core.utils import UncompletedJobError
+
+    from framework import cli
+
+    monkeypatch.setattr(cli, "_sweep_job", lambda: None)
+    with pytest.raises(SystemExit) as e:
+        with cli.handle_errors():
+            raise UncompletedJobError("Job not requeued because: timed-out too many times.")
+    assert e.value.code == 1
+    assert capsys.readouterr().err == (
+        "error: Job not requeued because: timed-out too many times: the run's last checkpoint "
+        "is kept, and relaunching the same command resumes it (more requeues: "
+        "hydra.launcher.max_num_timeout, or a longer timeout_min)\n")
+
+
+def test_under_torchrun_rank_0_says_what_every_rank_found(monkeypatch, capsys):
+    """Every rank reaches the same config verdict: rank 0 prints it, the others exit 1
+    silently (their copies came out glued to it); an error of a rank's own names its rank."""
+    from framework import cli
+    from framework.checkpoint import CheckpointError
+
+    monkeypatch.setattr(cli, "_sweep_job", lambda: None)
+    for rank, error, said in (("1", ConfigError("bad batch"), ""),
+                              ("0", ConfigError("bad batch"), "error: bad batch\n"),
+                              ("1", CheckpointError("disk"), "rank 1: error: disk\n")):
+        monkeypatch.setenv("RANK", rank)
+        with pytest.raises(SystemExit) as e:
+            with cli.handle_errors():
+                raise error
+        assert e.value.code == 1 and capsys.readouterr().err == said
+
+
+@pytest.mark.parametrize("code", ["EACCES", "EPERM", "EROFS", "ENOSPC", "EDQUOT"])
+def test_which_os_errors_the_user_fixes_outside_the_code(code):
+    import errno
+
+    from framework.config import is_environment_error
+
+    assert is_environment_error(OSError(getattr(errno, code), "x"))
+    assert not is_environment_error(OSError(errno.ENOENT, "x"))
+    assert not is_environment_error(ValueError("x"))
