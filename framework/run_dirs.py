@@ -113,17 +113,14 @@ def _locked_fd(run_dir: Path, wait_s: float | None) -> int | None:
                 _note_waiting(run_dir)
                 time.sleep(LOCK_POLL_S)
                 continue
-            try:
-                holder = os.read(fd, 300).decode(errors="replace").strip()
-            except OSError:
-                holder = ""
+            holder = _holder(fd)
             os.close(fd)
             if not busy:
                 _note_unlocked(f"flock: {e.strerror}")
                 return None
-            raise RunDirInUse(f"{run_dir} is in use by another run "
-                              f"({holder or 'it has not said who'}): wait for it to finish "
-                              f"or stop it; fresh=true starts a new run beside it") from None
+            raise RunDirInUse(f"{run_dir} is in use by another run ({holder}): wait for it "
+                              f"to finish or stop it; fresh=true starts a new run beside it"
+                              ) from None
     try:
         since = datetime.now(timezone.utc).isoformat(timespec="seconds")
         os.ftruncate(fd, 0)
@@ -198,6 +195,14 @@ def nothing_to_evaluate(run_dir: Path, found: int) -> str:
     return f"mode=eval: no checkpoint in {run_dir}; train this run first"
 
 
+def _holder(fd: int) -> str:
+    """What a lock file says of the run holding it (pid, host, since when)."""
+    try:
+        return os.read(fd, 300).decode(errors="replace").strip() or "it has not said who"
+    except OSError:
+        return "it has not said who"
+
+
 def training_there(run_dir: Path) -> str | None:
     """What the lock file of a run training in run_dir says of it (pid, host, since when);
     None when none trains there. A shared lock: the ranks of one evaluation that ask at
@@ -214,7 +219,7 @@ def training_there(run_dir: Path) -> str | None:
     except OSError as e:
         if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
             return None  # no flock here: nothing to tell
-        return os.read(fd, 300).decode(errors="replace").strip() or "it has not said who"
+        return _holder(fd)
     finally:
         os.close(fd)
 
