@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from scripts import bench_common, bench_moe
+from scripts import bench_common, bench_moe, bench_roofline
 from tests.triton_helpers import DEVICE, TRITON_MARKS
 
 
@@ -192,13 +192,40 @@ def test_gpu_targets_are_also_judged_on_cuda_graph_times(capsys):
     assert len({len(line) for line in table}) == 1 and table[-1].split()[-3:] == ["-"] * 3
 
 
-def test_moe_bytes_count_the_sorted_rows_t_times_k():
-    """Mutant `six(T * K, G, ...)` -> `six(T, G, ...)`: the MoE's gathered operands counted
-    once, not K times (docstring)."""
+def test_roofline_bytes_are_the_compulsory_traffic():
+    """x read twice, y, dy, dx once (5 T x D), the saved hidden written and read, weights
+    read twice and their gradients written; the MoE's hidden is its T*K rows of G, plus the
+    selector's weight and the saved gates. Nothing counted K times (the expanded data flow
+    would make the issue's 'within 2x of the roofline' twice as easy)."""
     c = {"d_model": 4, "n_experts": 2, "expert_size": 3, "d_ff": 6}
-    # dense: 3 * (2*5*4 + 2*5*6 + 2*24) = 444; MoE: 3 * (2*10*4 + 2*10*3 + 2*24) = 564,
-    # selection 3*5*4 + 6*5*2 + 3*2*4 = 144; x 2 bytes
-    assert bench_moe.bytes_moved(c, 5, 2, 2) == (888, 1416)
+    # dense: 5*5*4 + 2*5*6 + 3*(2*4*6) = 304; MoE: 100 + 2*(5*2*3) + 3*(2*2*4*3 + 2*4)
+    # + 2*5*2 = 348; x 2 bytes
+    assert bench_moe.bytes_moved(c, 5, 2, 2) == (608, 696)
+
+
+def test_target_case_roofline_is_compute_bound_near_0_2_ms():
+    """Issue 4: 'the ideal forward+backward is compute-bound near 0.2 ms on an H100'."""
+    c = {"d_model": 1024, "n_experts": 32, "expert_size": 128, "d_ff": 4096}
+    for name in ("NVIDIA H100 80GB HBM3", "NVIDIA H200"):
+        flop_s, bytes_s = bench_roofline.datasheet_peaks(name, torch.bfloat16)
+        _, f = bench_moe.flops(c, 32768, 4)
+        _, b = bench_moe.bytes_moved(c, 32768, 4, 2)
+        assert b / bytes_s < f / flop_s and f / flop_s * 1e3 == pytest.approx(0.215, 0.01)
+    # the longer names match first
+    assert bench_roofline.datasheet_peaks("NVIDIA H200 NVL", torch.bfloat16) == (835e12, 4.8e12)
+    assert bench_roofline.datasheet_peaks("NVIDIA GH200 144G HBM3e", torch.float32) == (
+        67e12, 4.9e12)
+    assert bench_roofline.datasheet_peaks("NVIDIA GH200 480GB", torch.float32) == (67e12, 4e12)
+
+
+def test_roofline_warning_on_eager_or_graph_times():
+    peaks = {"source": "table"}
+    case = {"results": {"dense": {"x_roofline": 1.2}, "triton": {"x_roofline": 3.0}}}
+    assert bench_moe.roofline_warning([case], peaks) is None
+    case["results"]["triton"]["graph_x_roofline"] = 0.8  # the replay beat the table's peak
+    assert bench_moe.roofline_warning([case], peaks) == (
+        "a layer ran at 1.25x the table peak: the roofline columns are pessimistic")
+    assert bench_moe.roofline_warning([], peaks) is None
 
 
 def _fake_cpu_case(ratio):
