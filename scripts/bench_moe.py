@@ -145,7 +145,7 @@ def make_layers(c: dict, T: int, K: int, device: str, dtype: torch.dtype, backen
 
         def forward():
             logits, xe = kernels.selector_logits(x, w3, backend)
-            gate, expert = kernels.topk(torch.sigmoid(logits), K, backend=select)
+            gate, expert = kernels.topk(torch.sigmoid(logits.float()), K, backend=select)
             y = kernels.moe_mlp(xe, expert, gate, w1, w2, backend=backend, n_chunks=n_chunks)
             return y, (x, w1, w2, w3)
         return forward

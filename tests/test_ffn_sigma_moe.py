@@ -199,3 +199,29 @@ def test_experts_get_x_in_the_dtype_their_backend_computes_in(backend, dtype, mo
     with torch.autocast("cpu", dtype=torch.bfloat16):
         make(backend=backend)(torch.randn(2, 5, D))
     assert seen == [dtype]
+
+
+def test_selection_runs_in_fp32_under_bf16_autocast(monkeypatch):
+    """bf16 sigmoids of distinct logits tie (the top-K then picks by expert id) and round
+    to gates of 1 (no gradient): the experts and gates are those of fp32 sigmoids of the
+    same (bf16) logits."""
+    import models.ffn.experts as experts
+
+    torch.manual_seed(0)
+    moe = make(n_experts=16, k=4)
+    with torch.no_grad():
+        moe.w3_ED.mul_(8)  # logits of several units, where bf16 sigmoids are coarsest
+    seen, real_sel, real_mlp = {}, experts.selector_logits, experts.moe_mlp
+    monkeypatch.setattr(experts, "selector_logits",
+                        lambda *a: seen.setdefault("logits", real_sel(*a)))
+    monkeypatch.setattr(experts, "moe_mlp", lambda x, e, g, *a, **k: seen.update(
+        expert=e, gate=g) or real_mlp(x, e, g, *a, **k))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        moe(torch.randn(1000, D))
+    logits_TE = seen["logits"][0]
+    assert logits_TE.dtype == torch.bfloat16
+    gate_TK, expert_TK = torch.sigmoid(logits_TE.float()).topk(4, dim=-1)
+    order_TK, want_TK = seen["expert"].argsort(-1), expert_TK.argsort(-1)
+    assert torch.equal(seen["expert"].gather(-1, order_TK), expert_TK.gather(-1, want_TK))
+    assert seen["gate"].dtype == torch.float32
+    torch.testing.assert_close(seen["gate"].gather(-1, order_TK), gate_TK.gather(-1, want_TK))

@@ -114,7 +114,10 @@ class ExpertsFFN(FFN):
         x_TD = x_BTD.reshape(-1, x_BTD.shape[-1])
         # x cast once for both uses; the backward adds the two x gradients in one product
         logits_TE, x_TD = selector_logits(x_TD, self.w3_ED, self.cfg.backend)
-        expert_TK, gate_TK = self.select(logits_TE)
+        # selection in fp32: under bf16 autocast the sigmoid's 8-bit mantissa ties distinct
+        # scores (top-K then picks by expert id), rounds gates of logits above ~5.5 to 1 (no
+        # gradient) and expert dropout's uniform draws drop more than delta; [T, E] is small
+        expert_TK, gate_TK = self.select(logits_TE.float())
         self.stats.record_moe(expert_TK, gate_TK, self.cfg.n_experts)
         y_TD = moe_mlp(
             x_TD, expert_TK, gate_TK, self.w1_EDG, self.w2_EGD,

@@ -90,7 +90,7 @@ class SwitchMoE(ExpertsFFN):
 
     def select(self, logits_TE: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         cfg = self.cfg
-        p_TE = torch.softmax(logits_TE.float(), dim=-1)
+        p_TE = torch.softmax(logits_TE, dim=-1)
         gate_TK, expert_TK = self.topk(p_TE)
         if self.training and cfg.balance_coef > 0:
             self.add_loss(cfg.balance_coef * balancing_loss(p_TE, expert_TK))
