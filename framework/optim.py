@@ -1,7 +1,7 @@
 """Optimizer and learning-rate schedule of the paper (App. B; docs/REFERENCE.md "Training").
 
 Adam (PyTorch defaults: betas 0.9/0.999, eps 1e-8), lr 2.5e-4, cosine decay to 0 over the
-run, optional linear warmup (4000 steps for the d_model=1024 models).
+run, after an optional linear warmup (4000 steps for the d_model=1024 models).
 """
 from __future__ import annotations
 
@@ -11,12 +11,17 @@ import torch
 
 
 def lr_factor(step: int, total: int, warmup: int, schedule: str) -> float:
-    """Multiplier of the base lr at optimizer step `step` (0-based)."""
+    """Multiplier of the base lr at optimizer step `step` (0-based).
+
+    As the authors' code (tasks/task.py: CosineAnnealingLR(T_max=stop_after) stepped at
+    max(0, iter - lr_warmup), under a linear warmup): the cosine's period is the whole run
+    (docs/REFERENCE.md: "to 0 over 100k steps"), started after the warmup, so a run with
+    warmup ends short of 0 (4000 of 100k: at 0.4% of the lr)."""
     if warmup > 0 and step < warmup:
         return (step + 1) / warmup
     if schedule == "constant":
         return 1.0
-    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    progress = min(1.0, (step - warmup) / max(1, total))
     return 0.5 * (1 + math.cos(math.pi * progress))
 
 

@@ -230,13 +230,20 @@ def test_a_training_step_waits_for_the_device_once(tmp_path, monkeypatch):
     assert steps == [["tolist"]] * 3, steps
 
 
-def test_lr_schedule_warmup_then_cosine_to_zero():
+def test_lr_schedule_warmup_then_cosine_over_the_whole_run():
+    """The authors' schedule: a cosine of period `total` started after the warmup (their
+    CosineAnnealingLR(T_max=stop_after) stepped at iter - lr_warmup), so with warmup it
+    stops short of 0; without, it reaches 0 at the last step."""
     from framework.optim import lr_factor
 
     assert [lr_factor(s, 10, 4, "cosine") for s in range(4)] == [0.25, 0.5, 0.75, 1.0]
     assert lr_factor(4, 10, 4, "cosine") == 1.0  # cosine starts after the warmup
-    assert lr_factor(7, 10, 4, "cosine") == pytest.approx(0.5)  # half way
-    assert lr_factor(10, 10, 4, "cosine") == pytest.approx(0.0, abs=1e-12)
+    assert lr_factor(9, 10, 4, "cosine") == pytest.approx(0.5)  # half its period
+    assert lr_factor(10, 10, 0, "cosine") == pytest.approx(0.0, abs=1e-12)
+    # WT-B: 4000 warmup steps of 100k; the authors' lr at the last step is 0.39% of the base
+    assert lr_factor(99_999, 100_000, 4000, "cosine") == pytest.approx(
+        0.5 * (1 + math.cos(math.pi * 95_999 / 100_000)))
+    assert lr_factor(52_000, 100_000, 4000, "cosine") == pytest.approx(0.5313, abs=1e-4)
     assert lr_factor(9, 10, 0, "constant") == 1.0
 
 
