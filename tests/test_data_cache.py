@@ -191,6 +191,23 @@ def test_the_tokenizer_is_bpe_and_splits_digits_as_configured(tmp_path, split_di
     assert all(len(n) == 1 for n in numbers) == split_digits, pieces
 
 
+def test_a_vocab_smaller_than_asked_is_said(tmp_path, caplog):
+    """Tiny text cannot give vocab_size pieces: SentencePiece (hard_vocab_limit=False)
+    takes what there is, and the user hears it."""
+    import sentencepiece as spm
+
+    texts = ["abc abd abe"] * 20
+    with caplog.at_level("WARNING", logger=subword.log.name):
+        subword.train_spm(texts, subword.SpmSettings(500, True), tmp_path / "spm.model", "toy")
+    n = spm.SentencePieceProcessor(model_file=str(tmp_path / "spm.model")).get_piece_size()
+    assert n < 500 and caplog.messages == [
+        f"toy: the train text gives only {n} of the dataset.vocab_size=500 pieces asked; "
+        f"the model uses {n} (more text, or a smaller vocab_size, to match)"]
+    caplog.clear()
+    subword.train_spm(texts, subword.SpmSettings(n, True), tmp_path / "spm.model", "toy")
+    assert not [r for r in caplog.records if r.levelname == "WARNING"]
+
+
 def test_a_source_failing_during_bpe_training_keeps_its_own_message(tmp_path):
     """SentencePiece rewraps what its input iterator raises ("INTERNAL: ..."): an offline
     source's one-line DataError must come out as it was, not as a SentencePiece failure."""

@@ -98,6 +98,11 @@ def train_spm(texts: Iterable[str], s: SpmSettings, out: Path, desc: str = "") -
             raise failed[0] from None
         raise DataError(f"{desc}: SentencePiece training failed: {e}") from None
     log.info("%s: SentencePiece model trained in %.1f s", desc, time.time() - started[-1])
+    pieces = spm.SentencePieceProcessor(model_proto=model.getvalue()).get_piece_size()
+    if pieces < s.vocab_size:  # hard_vocab_limit=False: what the text supports, silently
+        log.warning("%s: the train text gives only %d of the dataset.vocab_size=%d pieces "
+                    "asked; the model uses %d (more text, or a smaller vocab_size, to match)",
+                    desc, pieces, s.vocab_size, pieces)
     out.write_bytes(model.getvalue())
 
 
