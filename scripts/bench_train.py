@@ -44,11 +44,13 @@ from scripts.bench_common import (  # noqa: E402
     write_json,
 )
 
-# name: (d_model, layers, heads, head_dim, ctx, batch, vocab, dense d_ff, N_E, G, K)
+# name: (d_model, layers, heads, head_dim, ctx, batch, vocab, dense d_ff, N_E, G, K,
+#        dropout, expert dropout delta, gamma) of configs/exp/ wt103_small_*, wt103_big_*
+#        and mini_* (tests/test_bench_train.py checks them)
 SHAPES = {
-    "wt_small": (412, 16, 10, 41, 256, 64, 8000, 2053, 16, 128, 4),
-    "wt_big": (1024, 18, 16, 64, 512, 64, 8000, 4110, 32, 128, 4),
-    "mini": (256, 4, 4, 64, 128, 16, 201, 1030, 16, 64, 4),
+    "wt_small": (412, 16, 10, 41, 256, 64, 8000, 2053, 16, 128, 4, 0.1, 0.0, 1e-3),
+    "wt_big": (1024, 18, 16, 64, 512, 64, 8000, 4110, 32, 128, 4, 0.2, 0.1, 1e-3),
+    "mini": (256, 4, 4, 64, 128, 16, 201, 1030, 16, 64, 4, 0.0, 0.0, 1e-3),
 }
 
 
@@ -58,10 +60,11 @@ STEP_TARGETS = {"wt_big": 0.6}
 
 def build(shape: str, kind: str, n_chunks: int | None = None
           ) -> tuple[TransformerXL, int, int]:
-    D, L, H, C, ctx, _, vocab, d_ff, n_e, g, k = SHAPES[shape]
+    D, L, H, C, ctx, _, vocab, d_ff, n_e, g, k, dropout, delta, gamma = SHAPES[shape]
     ffn = (DenseConfig(D, L, d_ff) if kind == "dense" else
-           SigmaMoEConfig(D, L, n_e, g, k, reg_gamma=1e-3, n_chunks=n_chunks))
-    cfg = TransformerXLConfig(vocab, D, L, H, C, 0.1, ctx, 4 * ctx, kind, ffn)
+           SigmaMoEConfig(D, L, n_e, g, k, expert_dropout=delta, reg_gamma=gamma,
+                          n_chunks=n_chunks))
+    cfg = TransformerXLConfig(vocab, D, L, H, C, dropout, ctx, 4 * ctx, kind, ffn)
     return TransformerXL(cfg), ctx, vocab
 
 

@@ -121,3 +121,20 @@ def test_the_wt_big_step_target_is_judged_on_a_gpu(tmp_path, monkeypatch, capsys
         assert "target" not in out["results"]["wt_small"]
         assert f"wt_big     target: sigma-MoE step <= 0.6x dense: {verdict}" in \
             capsys.readouterr().out
+
+
+@pytest.mark.parametrize("shape,exp", [("wt_small", "wt103_small"), ("wt_big", "wt103_big"),
+                                       ("mini", "mini")])
+def test_shapes_are_the_experiments(shape, exp):
+    """bench_train times the models the experiments train: every number of SHAPES is
+    configs/exp/<exp>_moe's (and d_ff its dense twin's)."""
+    from tasks.lm_run import vocab_of
+    from tests.helpers import compose_cfg
+
+    moe, dense = compose_cfg([], f"{exp}_moe"), compose_cfg([], f"{exp}_dense")
+    m, f, t = moe["model"], moe["ffn"], moe["task"]
+    want = (m["d_model"], m["n_layers"], m["n_heads"], m["head_dim"], t["context"],
+            t["batch_size"], vocab_of(moe), dense["ffn"]["d_ff"], f["n_experts"],
+            f["expert_size"], f["k"], m["dropout"], f["expert_dropout"], f["reg_gamma"])
+    assert bench_train.SHAPES[shape] == want
+    assert dense["model"]["dropout"] == m["dropout"]
