@@ -6,6 +6,7 @@ the same. gloo on CPU, nccl on CUDA. Without either, everything runs in one proc
 """
 from __future__ import annotations
 
+import atexit
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -70,7 +71,15 @@ def init_distributed(device_type: str) -> DistInfo:
         if device_type == "cuda":  # before any collective: nccl runs on the current device
             torch.cuda.set_device(info.local_rank)
         dist.init_process_group(backend, rank=info.rank, world_size=info.world_size)
+        # ranks leaving with the group alive (a finished run's rerun exits right after one
+        # broadcast) died in gloo's destructor: "terminate called", SIGABRT, 1 run in 4
+        atexit.register(_leave_group)
     return info
+
+
+def _leave_group() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def all_gather_cat(t: torch.Tensor, dim: int = 0) -> torch.Tensor:
