@@ -17,6 +17,15 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def rank_seed(seed: int, rank: int) -> int:
+    """The seed of a rank's own random draws (dropout masks): `seed` on rank 0, as in one
+    process; another rank's is drawn from (seed, rank), so that no rank of one seed repeats
+    a rank of another (seed + rank gave rank 1 of seed 0 the masks of rank 0 of seed 1)."""
+    if rank == 0:
+        return seed
+    return int(np.random.SeedSequence([seed, rank]).generate_state(1)[0])
+
+
 def resolve_device(name: str) -> torch.device:
     """trainer.device: `auto` is CUDA when there is one, else the CPU. A device this machine
     lacks is a ConfigError here: the first `.to(device)` would fail with a traceback, after

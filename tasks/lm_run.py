@@ -32,7 +32,7 @@ from framework.experiment import (
 )
 from framework.loggers import LoggerConfig, RunLogger
 from framework.run_dirs import nothing_to_evaluate, write_overrides
-from framework.runtime import resolve_device, resolve_precision, seed_everything
+from framework.runtime import rank_seed, resolve_device, resolve_precision, seed_everything
 from framework.trainer import Trainer, TrainerConfig, TrainingDiverged, note
 from models.ffn.experts import ExpertsConfig
 from models.flops import ffn_flops, has_flops_formula, relative_ffn_flops
@@ -114,7 +114,7 @@ def run(cfg: dict[str, Any], run_dir: Path) -> dict[str, Any] | None:
             write_overrides(run_dir)
     seed_everything(trainer_cfg.seed)  # same init on every rank (DDP also broadcasts it)
     model = TransformerXL(model_cfg).to(device)
-    seed_everything(trainer_cfg.seed + dist_info.rank)  # own dropout masks per rank
+    seed_everything(rank_seed(trainer_cfg.seed, dist_info.rank))  # own dropout masks
     train_model = model
     if dist_info.enabled:
         train_model = DistributedDataParallel(

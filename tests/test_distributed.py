@@ -166,3 +166,12 @@ def test_ranks_resume_from_the_checkpoint_rank_0_picked(tmp_path):
     assert (run / "checkpoint_00000004.pt.bad").exists() and (run / "results.json").exists()
     # steps 3 and 4 redone, logged once
     assert [r["step"] for r in metrics(run) if "train/loss" in r] == [1, 2, 3, 4]
+
+
+def test_no_rank_of_one_seed_repeats_a_rank_of_another():
+    """The paper's seeds 0-2 must draw independent dropout masks on every rank (seed + rank
+    gave rank 1 of seed 0 rank 0 of seed 1's); rank 0 keeps the seed of one process."""
+    from framework.runtime import rank_seed
+
+    assert len({rank_seed(seed, rank) for seed in range(3) for rank in range(8)}) == 24
+    assert [rank_seed(seed, 0) for seed in range(3)] == [0, 1, 2]
