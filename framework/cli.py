@@ -10,7 +10,7 @@ import sys
 import traceback
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from omegaconf import OmegaConf
 
@@ -128,6 +128,16 @@ def register_resolvers() -> None:
         OmegaConf.register_new_resolver("dirname", dirname)
 
 
+def _refuse(message: str) -> NoReturn:
+    """A bad command line: one line, exit 1; under torchrun every rank parses the same argv,
+    and rank 0 says it."""
+    from framework.distributed import main_process
+
+    if main_process():
+        print(f"error: {message}", file=sys.stderr)
+    sys.exit(1)
+
+
 def prepare_argv(argv: list[str]) -> None:
     """Add `+exp=mini_moe` when no experiment is named; refuse an unknown one early.
 
@@ -139,10 +149,8 @@ def prepare_argv(argv: list[str]) -> None:
     inspect = any(a.startswith(("--cfg", "-c", "--info", "-h", "--help", "-p", "--package"))
                   for a in argv[1:])
     if multirun and any(a in ("--cfg", "-c") or a.startswith("--cfg=") for a in argv[1:]):
-        print("error: --cfg cannot go with -m (Hydra); without -m it shows a sweep's config, "
-              "e.g. python run.py +sweep=moe --cfg hydra -p hydra.sweeper.params",
-              file=sys.stderr)
-        sys.exit(1)
+        _refuse("--cfg cannot go with -m (Hydra); without -m it shows a sweep's config, "
+                "e.g. python run.py +sweep=moe --cfg hydra -p hydra.sweeper.params")
     drop_repeated(argv)
     if sweep and not multirun and not inspect:
         argv.insert(1, "--multirun")  # a sweep file only means something in multirun mode
@@ -158,8 +166,7 @@ def prepare_argv(argv: list[str]) -> None:
         if (multirun or sweep) and not inspect:  # jobs will be launched
             check_launcher(argv[1:], sweeps[-1] if sweeps else None)
     except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(1)
+        _refuse(str(e))
     if not exps and not sweep and not any(
             a in ("--help", "-h", "--hydra-help") for a in argv[1:]):
         argv.append(f"+exp={DEFAULT_EXP}")
@@ -175,8 +182,7 @@ def prepare_argv(argv: list[str]) -> None:
             else:
                 check_overrides(plain)
         except ConfigError as e:
-            print(f"error: {e}", file=sys.stderr)
-            sys.exit(1)
+            _refuse(str(e))
 
 
 def drop_repeated(argv: list[str]) -> None:
@@ -406,10 +412,13 @@ def handle_errors():
         if isinstance(e, (ConfigError, DataError, RegistryError, CheckpointError,
                           TrainingDiverged)) or is_environment_error(e):
             if job is None or not job[1]:
-                # under torchrun every rank reaches the same verdict: rank 0 says it (the
-                # others' copies came out glued to it); a rank's own trouble says its rank
+                # under torchrun every rank reaches the same verdict on the config: rank 0
+                # says it (the others' copies came out glued to it); on the data, which
+                # lives on each node, a node's first rank; a rank's own trouble, its rank
                 rank = os.environ.get("RANK", "0")
-                if rank == "0" or not isinstance(e, (ConfigError, TrainingDiverged)):
+                if rank == "0" or not isinstance(e, (ConfigError, RegistryError, DataError,
+                                                     TrainingDiverged)) or (
+                        isinstance(e, DataError) and os.environ.get("LOCAL_RANK") == "0"):
                     where = "" if rank == "0" else f"rank {rank}: "
                     print(f"{where}error: {e}", file=sys.stderr)
                 sys.exit(1)

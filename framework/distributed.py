@@ -49,6 +49,12 @@ def _from_submitit() -> DistInfo | None:
     return DistInfo(env.rank, env.world_size, env.local_rank)
 
 
+def main_process() -> bool:
+    """Rank 0, or the only process: from what torchrun (RANK) or Slurm (SLURM_PROCID)
+    sets, so it holds before the process group exists (a bad override is found first)."""
+    return os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")) == "0"
+
+
 def _world_size() -> int:
     """Processes in the group (1 without one)."""
     if dist.is_available() and dist.is_initialized():

@@ -30,6 +30,7 @@ except ImportError:  # Windows: no flock, runs are not locked
 from framework.checkpoint import atomic_write_bytes, list_broken, list_checkpoints
 from framework.cli import OVERRIDES, dirname, removable_up_to
 from framework.config import ConfigError
+from framework.distributed import main_process
 from framework.experiment import (
     EVAL_SETTINGS,
     fresh_dir,
@@ -171,8 +172,9 @@ def prepare_run_dir(cfg: dict[str, Any], run_dir: Path, held: ExitStack | None =
     if mode == "eval" and not list_checkpoints(run_dir) and not list_broken(run_dir):
         trained = trained_run_dir(cfg, run_dir)
         if trained is not None:
-            print(f"mode=eval: evaluating the run in {trained} (evaluation settings do not "
-                  f"name a run)")
+            if main_process():  # every rank of an evaluation finds the same run
+                print(f"mode=eval: evaluating the run in {trained} (evaluation settings do "
+                      f"not name a run)")
             remove_if_empty(run_dir, removable_up_to())  # the one Hydra made for this name
             return trained
     if mode != "train":

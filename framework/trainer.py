@@ -344,7 +344,8 @@ class Trainer:
                 f"step {self.step + 1}: every batch gives a non-finite loss or gradient with "
                 f"these weights, so skipping cannot help; lower trainer.lr and start over "
                 f"(fresh=true)")
-        note("warning: skipping step: " + msg)
+        if self.is_main:  # every rank skips the same step (the totals are all-reduced)
+            note("warning: skipping step: " + msg)
 
     def _on_signal(self, signum, frame) -> None:
         self._signal = signum

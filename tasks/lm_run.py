@@ -140,7 +140,8 @@ def run(cfg: dict[str, Any], run_dir: Path) -> dict[str, Any] | None:
             trainer.fit()
         else:
             found = len(list_checkpoints(run_dir))
-            state = load_latest(run_dir, warn=note)
+            # every rank checks the same files: rank 0 says what it skips
+            state = load_latest(run_dir, warn=note if dist_info.is_main else lambda _: None)
             if state is None:
                 raise ConfigError(nothing_to_evaluate(run_dir, found))
             # a file copied in: its numbers are not this run's (the config it trained, as

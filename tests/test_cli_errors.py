@@ -48,16 +48,38 @@ def test_under_torchrun_rank_0_says_what_every_rank_found(monkeypatch, capsys):
     silently (their copies came out glued to it); an error of a rank's own names its rank."""
     from framework import cli
     from framework.checkpoint import CheckpointError
+    from framework.data import DataError
 
     monkeypatch.setattr(cli, "_sweep_job", lambda: None)
-    for rank, error, said in (("1", ConfigError("bad batch"), ""),
-                              ("0", ConfigError("bad batch"), "error: bad batch\n"),
-                              ("1", CheckpointError("disk"), "rank 1: error: disk\n")):
+    for rank, local, error, said in (
+            ("1", "1", ConfigError("bad batch"), ""),
+            ("0", "0", ConfigError("bad batch"), "error: bad batch\n"),
+            ("1", "1", CheckpointError("disk"), "rank 1: error: disk\n"),
+            # the data lives on each node: its first rank says what is missing there
+            ("1", "1", DataError("no wt103"), ""),
+            ("2", "0", DataError("no wt103"), "rank 2: error: no wt103\n")):
         monkeypatch.setenv("RANK", rank)
+        monkeypatch.setenv("LOCAL_RANK", local)
         with pytest.raises(SystemExit) as e:
             with cli.handle_errors():
                 raise error
         assert e.value.code == 1 and capsys.readouterr().err == said
+
+
+@pytest.mark.parametrize("env,said", [({}, True), ({"RANK": "0"}, True),
+                                      ({"RANK": "1"}, False), ({"SLURM_PROCID": "1"}, False)])
+def test_a_bad_command_line_is_said_by_rank_0(monkeypatch, capsys, env, said):
+    """Every rank parses the same argv, before the process group exists."""
+    from framework.cli import prepare_argv
+
+    for k in ("RANK", "SLURM_PROCID"):
+        monkeypatch.delenv(k, raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    with pytest.raises(SystemExit) as e:
+        prepare_argv(["run.py", "ffn.n_expert=3"])
+    assert e.value.code == 1
+    assert bool(capsys.readouterr().err) == said
 
 
 @pytest.mark.parametrize("code", ["EACCES", "EPERM", "EROFS", "ENOSPC", "EDQUOT"])
