@@ -467,11 +467,19 @@ class Trainer:
                     self.logger.log({f"train/{k}": v for k, v in metrics.items()}, self.step)
                     t0, tokens = time.perf_counter(), 0
                 if self.step % cfg.val_every == 0 and self.step < cfg.steps:
-                    result = self.task.validate()
-                    self.logger.log({f"valid/{k}": v for k, v in result.items()}, self.step)
-                    if shown:
-                        tqdm.write(f"step {self.step} | valid " + " | ".join(
-                            f"{k} {v:.4f}" for k, v in result.items() if k != "tokens"))
+                    # a signal ends it: the checkpoint comes first (torchrun kills its workers
+                    # 30 s after passing on a Ctrl-C or SIGTERM; a Slurm grace time is short)
+                    result = self.task.validate(stop=lambda: self._signal is not None)
+                    if result is None:
+                        if self.is_main:
+                            note(f"the step-{self.step} validation was left unfinished "
+                                 f"(not logged)")
+                    else:
+                        self.logger.log({f"valid/{k}": v for k, v in result.items()},
+                                        self.step)
+                        if shown:
+                            tqdm.write(f"step {self.step} | valid " + " | ".join(
+                                f"{k} {v:.4f}" for k, v in result.items() if k != "tokens"))
                     self.model.train()
                     t0, tokens = time.perf_counter(), 0  # tokens/s: of the training only
                 now = time.perf_counter()

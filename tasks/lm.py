@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
@@ -208,11 +208,11 @@ class LMTask:
 
     @torch.no_grad()
     def evaluate(self, split: str, batch_size: int, mem_segments: int, max_segments: int = 0,
-                 stats: bool = False, progress: bool = False,
-                 add_stats: bool = False) -> dict[str, Any]:
+                 stats: bool = False, progress: bool = False, add_stats: bool = False,
+                 stop: Callable[[], bool] | None = None) -> dict[str, Any] | None:
         """Token-weighted mean cross-entropy over a split, memory reset at the start.
         `add_stats`: the routing statistics add to the previous evaluation's (splits pooled,
-        scripts/analyze.py) instead of starting over."""
+        scripts/analyze.py) instead of starting over. None if `stop()` became true first."""
         was_training = self.model.training
         self.model.eval()
         ffns = self.model.ffns()
@@ -239,6 +239,9 @@ class LMTask:
                                               desc=f"eval {split}", leave=False)):
             if i == total:
                 break
+            if stop is not None and stop():
+                self.model.train(was_training)
+                return None
             if lines and i and (now := time.perf_counter()) - last >= EVAL_LINE_S:
                 last, left = now, (total - i) * (now - started) / i
                 tqdm.write(f"eval {split}: segment {i}/{total} | "
@@ -263,9 +266,10 @@ class LMTask:
         self.model.train(was_training)
         return result
 
-    def validate(self) -> dict[str, Any]:
+    def validate(self, stop: Callable[[], bool] | None = None) -> dict[str, Any] | None:
+        """The periodic validation; None if `stop()` (a signal: the checkpoint first)."""
         return self.evaluate("valid", self.cfg.eval_batch_size, self.cfg.eval_mem_segments,
-                             self.cfg.val_segments)
+                             self.cfg.val_segments, stop=stop)
 
     # -- state -----------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

@@ -113,6 +113,41 @@ def test_a_signal_during_the_final_evaluation_says_so(tmp_path, monkeypatch, cap
             ) in capsys.readouterr().err
 
 
+def test_a_signal_during_a_periodic_validation_checkpoints_first(tmp_path, monkeypatch,
+                                                                   capsys):
+    """The validation stops at its next segment and the checkpoint is written: torchrun
+    SIGKILLs its workers 30 s after passing a signal on, and a WT-B validation takes longer
+    (the promised checkpoint was lost)."""
+    import os
+    import signal
+
+    from tasks.lm import LMTask
+
+    cfg = compose_cfg([*TINY, *TINY_MOE, "trainer.steps=6", "trainer.val_every=2",
+                       "trainer.ckpt_every=100", "trainer.log_every=1"])
+    raised, segments, real = [], [], LMTask.evaluate
+    monkeypatch.setattr(signal, "raise_signal", raised.append)  # the default would stop pytest
+
+    def evaluate(self, split, *args, stop=None, **kwargs):
+        if stop is not None:  # the periodic validation: SIGTERM arrives in it
+            os.kill(os.getpid(), signal.SIGTERM)
+
+            def counted():
+                segments.append(stop())
+                return segments[-1]
+            return real(self, split, *args, stop=counted, **kwargs)
+        return real(self, split, *args, **kwargs)
+
+    monkeypatch.setattr(LMTask, "evaluate", evaluate)
+    with pytest.raises(SystemExit) as e:
+        RUN(cfg, tmp_path)
+    assert e.value.code == 128 + signal.SIGTERM and raised == [signal.SIGTERM]
+    assert segments == [True]  # not one segment evaluated
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["checkpoint_00000002.pt"]
+    assert not any("valid/loss" in r for r in metrics(tmp_path))
+    assert "the step-2 validation was left unfinished (not logged)" in capsys.readouterr().err
+
+
 def test_checkpoint_holds_everything_needed(tmp_path):
     cfg = compose_cfg([*TINY, *TINY_MOE, "trainer.steps=4", "trainer.ckpt_every=2",
                        "trainer.keep_checkpoints=2", "task.val_segments=1"])
