@@ -416,9 +416,11 @@ def handle_errors():
                 # says it (the others' copies came out glued to it); on the data, which
                 # lives on each node, a node's first rank; a rank's own trouble, its rank
                 rank = os.environ.get("RANK", "0")
-                if rank == "0" or not isinstance(e, (ConfigError, RegistryError, DataError,
-                                                     TrainingDiverged)) or (
-                        isinstance(e, DataError) and os.environ.get("LOCAL_RANK") == "0"):
+                if isinstance(e, DataError):
+                    said = os.environ.get("LOCAL_RANK", "0") == "0"
+                else:
+                    said = not isinstance(e, (ConfigError, RegistryError, TrainingDiverged))
+                if rank == "0" or said:
                     where = "" if rank == "0" else f"rank {rank}: "
                     print(f"{where}error: {e}", file=sys.stderr)
                 sys.exit(1)
