@@ -19,15 +19,19 @@ class RegistryError(KeyError):
 
 
 class Registry(Generic[T]):
-    def __init__(self, what: str, how_to_add: str = ""):
+    def __init__(self, what: str, how_to_add: str = "",
+                 check: Callable[[str, T], None] | None = None):
         self.what = what
         self.how_to_add = how_to_add  # "{name}" is the looked-up name
+        self.check = check  # raises RegistryError for an entry that cannot work
         self._items: dict[str, T] = {}
 
     def register(self, name: str) -> Callable[[T], T]:
         def deco(obj: T) -> T:
             if name in self._items:
                 raise RegistryError(f"{self.what} {name!r} is registered twice")
+            if self.check is not None:
+                self.check(name, obj)
             self._items[name] = obj
             return obj
 

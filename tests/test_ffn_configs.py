@@ -48,7 +48,10 @@ def test_yaml_defaults_build_and_match_dense_parameter_count(model, overrides):
         if name == "dense":
             continue
         count = n_params(build(name, model, **overrides.get(name, {})))
-        assert abs(count / dense - 1) < 0.01, (name, count, dense)
+        assert abs(count / dense - 1) < 0.01, (
+            f"{name} at d_model {model['d_model']}: {count:,} FFN parameters, the dense MLP "
+            f"{dense:,}; give it parameter-matched sizes in this test's overrides "
+            f"({name!r}: {{...}}, as sigma_moe's n_experts at WT-B)")
 
 
 def test_yaml_comments_document_the_paper_rows():
@@ -59,6 +62,20 @@ def test_yaml_comments_document_the_paper_rows():
     assert (b.n_experts, b.expert_size, b.k, b.sinkhorn_iters, b.reg_gamma) == (16, 128, 4, 3, 1e-3)
     p = build("pkm", WT_S).cfg
     assert (p.n_subkeys, p.heads, p.k, p.activation, p.dense) == (62, 4, 128, "relu", False)
+
+
+def test_a_variant_without_its_own_config_is_refused():
+    """It would read its parent's keys and get its parent's FLOPs formula, silently."""
+    from framework.registry import RegistryError
+    from models.ffn.sigma_moe import SigmaMoE
+
+    class Forgot(SigmaMoE):
+        pass
+
+    with pytest.raises(RegistryError, match=r"'forgot': set `Config = <its frozen dataclass>` "
+                                            r"in class Forgot \(it would use SigmaMoE's\)"):
+        FFNS.register("forgot")(Forgot)
+    assert "forgot" not in FFNS
 
 
 def test_unknown_key_is_refused_with_a_hint():
