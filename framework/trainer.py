@@ -48,6 +48,7 @@ from framework.distributed import (
 )
 from framework.optim import build_optimizer, in_groups_of, lr_factor
 from framework.runtime import (
+    precision_name,
     resolve_precision,
     rng_state,
     seed_everything,
@@ -119,6 +120,8 @@ class TrainingDiverged(RuntimeError):
 # nan_policy=skip gives up after this many skipped steps in a row: a bad batch is skipped,
 # weights that give non-finite losses on every batch would be "trained" to the end on none
 MAX_SKIPPED_IN_ROW = 10
+# trainer.precision=fp16 gives up after this many GradScaler-skipped (overflow) steps in a row
+MAX_OVERFLOWS_IN_ROW = 32
 
 
 class Interrupted(KeyboardInterrupt):
@@ -172,11 +175,14 @@ class Trainer:
                                          cfg.weight_decay)
         self.scaler = torch.amp.GradScaler(device.type, enabled=self.amp_dtype == torch.float16)
         self.step = 0
-        self.skipped_in_row = 0  # nan_policy=skip: consecutive skipped steps
+        self.skipped_in_row = 0  # consecutive steps without an update (skipped, overflowed)
+        self.skipped_since_log = 0  # reported at the next logged step
         self.saved_step = -1  # the step of the newest checkpoint written or resumed from
         self.train_seconds = 0.0  # wall time of fit() up to self.step, over every resume
         # every code version (framework/code_version.py) that trained up to self.step
         self.code_fingerprints = [code_fingerprint()]
+        # and every precision (trainer.precision=auto follows the device of each leg)
+        self.precisions = [precision_name(self.amp_dtype)]
 
     # -- state ---------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -185,7 +191,7 @@ class Trainer:
                 "task": self.task.state_dict(), "rng": all_gather_object(rng_state()),
                 "config_hash": self.config_hash, "metrics_bytes": self.logger.size(),
                 "train_seconds": self.train_seconds, "code_fingerprints": self.code_fingerprints,
-                "skipped_in_row": self.skipped_in_row}
+                "precisions": self.precisions, "skipped_in_row": self.skipped_in_row}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.model.load_state_dict(state["model"])
@@ -213,6 +219,7 @@ class Trainer:
         self.step = int(state["step"])
         self.train_seconds = float(state.get("train_seconds", 0.0))
         self.code_fingerprints = list(state.get("code_fingerprints") or [UNRECORDED])
+        self.precisions = list(state.get("precisions") or [UNRECORDED])
 
     def checkpoint(self) -> None:
         state = self.state_dict()  # collective under DDP (memory and RNG of every rank)
@@ -317,9 +324,13 @@ class Trainer:
             self.optimizer.zero_grad(set_to_none=True)  # nan_policy == skip
             self.task.discard_step()
             totals["skipped"] = 1.0
+        elif not math.isfinite(grad_norm):  # fp16 overflow: the scaler skips the update
+            self.scaler.step(self.optimizer)
+            self._overflowed()
+            totals["skipped"] = 1.0
         else:
             self.skipped_in_row = 0
-            self.scaler.step(self.optimizer)  # the scaler itself skips fp16 overflow steps
+            self.scaler.step(self.optimizer)
         self.scaler.update()
         totals["grad_norm"] = grad_norm
         totals["lr"] = self.optimizer.param_groups[0]["lr"]
@@ -346,6 +357,18 @@ class Trainer:
                 f"(fresh=true)")
         if self.is_main:  # every rank skips the same step (the totals are all-reduced)
             note("warning: skipping step: " + msg)
+
+    def _overflowed(self) -> None:
+        """An fp16 step the GradScaler skipped (a gradient overflowed at this loss scale;
+        it halves the scale). A few in a row are how it finds its scale; many mean that no
+        scale helps: the loss scale is then below 1 / 2^(MAX_OVERFLOWS_IN_ROW - 16)."""
+        self.skipped_in_row += 1
+        if self.skipped_in_row >= MAX_OVERFLOWS_IN_ROW:
+            raise TrainingDiverged(
+                f"trainer.precision=fp16: the gradient overflowed in {self.skipped_in_row} "
+                f"steps in a row, up to step {self.step + 1} (loss scale now "
+                f"{self.scaler.get_scale():.3g}): no update since; lower trainer.lr, or train "
+                f"in bf16 (trainer.precision=bf16) and start over (fresh=true)")
 
     def _on_signal(self, signum, frame) -> None:
         self._signal = signum
@@ -421,16 +444,25 @@ class Trainer:
                 note(line if self.is_main else f"rank {self.dist.rank}: {line}")
 
     def _continue_code(self) -> None:
-        """After a resume: this code trains on, one more version when it is another."""
+        """After a resume: this code trains on, one more version when it is another; and in
+        this precision, one more when it is another (trainer.precision=auto: bf16 on a GPU,
+        fp32 on a CPU)."""
         before, now = self.code_fingerprints[-1], code_fingerprint()
+        was, is_ = self.precisions[-1], precision_name(self.amp_dtype)
         if self.is_main:
             tqdm.write(f"resumed from step {self.step} in {self.run_dir}")
             if before not in (now, UNRECORDED):
                 tqdm.write(f"note: steps up to {self.step} were trained by other code (code "
                            f"fingerprint {before}, this code's is {now}); results.json will "
                            f"list both")
+            if was not in (is_, UNRECORDED):
+                tqdm.write(f"note: steps up to {self.step} were trained in {was}, this process "
+                           f"computes in {is_} (trainer.precision={self.cfg.precision} on "
+                           f"{self.device.type}); results.json will list both")
         if before != now:
             self.code_fingerprints.append(now)
+        if was != is_:
+            self.precisions.append(is_)
 
     def _fit(self) -> None:
         cfg = self.cfg
@@ -451,10 +483,13 @@ class Trainer:
                   disable=not shown or lines) as bar:
             while self.step < cfg.steps:
                 metrics = self.train_step()
+                self.skipped_since_log += int(metrics.pop("skipped", 0))
                 self.step += 1
                 tokens += self.task.tokens_per_step
                 bar.update(1)
                 if self.step % cfg.log_every == 0 or self.step == cfg.steps:
+                    if self.skipped_since_log:  # steps without an update since the last row
+                        metrics["skipped"], self.skipped_since_log = self.skipped_since_log, 0
                     dt = time.perf_counter() - t0
                     metrics["tokens_per_s"] = tokens / max(dt, 1e-9)
                     bar.set_postfix(loss=f"{metrics['loss']:.3f}",

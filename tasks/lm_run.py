@@ -32,7 +32,13 @@ from framework.experiment import (
 )
 from framework.loggers import LoggerConfig, RunLogger
 from framework.run_dirs import nothing_to_evaluate, write_overrides
-from framework.runtime import rank_seed, resolve_device, resolve_precision, seed_everything
+from framework.runtime import (
+    precision_name,
+    rank_seed,
+    resolve_device,
+    resolve_precision,
+    seed_everything,
+)
 from framework.trainer import Trainer, TrainerConfig, TrainingDiverged, note
 from models.ffn.experts import ExpertsConfig
 from models.flops import ffn_flops, has_flops_formula, relative_ffn_flops
@@ -126,10 +132,12 @@ def run(cfg: dict[str, Any], run_dir: Path) -> dict[str, Any] | None:
     logger = RunLogger(logger_cfg, run_dir, cfg, cfg.get("name", "run"),
                        dist_info.is_main and mode == "train")
     count = n_params(model)
+    computes = (precision_name(resolve_precision(trainer_cfg.precision, device))
+                if mode == "train" else "fp32")  # evaluation never autocasts
     if dist_info.is_main:
         tqdm.write(f"run {run_dir} | {cfg.get('name')} | {count / 1e6:.2f}M params | "
                    f"ffn={model_cfg.ffn_kind} | seed={trainer_cfg.seed} | device={device} | "
-                   f"ranks={dist_info.world_size}")
+                   f"{computes} | ranks={dist_info.world_size}")
         tqdm.write(data_line(data_record))
         if data_warning and mode == "train":
             note(f"warning: {data_warning}")
@@ -165,6 +173,7 @@ def run(cfg: dict[str, Any], run_dir: Path) -> dict[str, Any] | None:
                                    "train_seconds": round(trainer.train_seconds, 1),
                                    "peak_rss_mb": round(peak_rss, 1),
                                    "code": code_version(trainer.code_fingerprints),
+                                   "precision": trainer.precisions,  # of the training
                                    "data": data_record,
                                    # how valid/test were evaluated (mode=eval may change it)
                                    "evaluation": {k: getattr(task_cfg, k) for k in (

@@ -53,6 +53,38 @@ def test_nan_loss_stops_under_fp16_too(tmp_path, monkeypatch):
                                    "rerun with trainer.nan_policy=skip to skip such steps")
 
 
+def test_fp16_overflows_are_skipped_steps_and_many_in_a_row_stop(tmp_path, monkeypatch):
+    """A gradient that overflows at every loss scale (finite loss): each step the scaler
+    skips is logged as skipped and leaves the weights alone, and MAX_OVERFLOWS_IN_ROW of
+    them stop the run (before: 'finished' after 2 updates, with no line and results)."""
+    from framework import trainer
+
+    monkeypatch.setattr(trainer, "MAX_OVERFLOWS_IN_ROW", 4)
+    real = Trainer.train_step
+
+    def overflowing(self):
+        if self.step >= 2:  # from step 3 on
+            self.model.blocks[0].ffn.w3_ED.register_hook(lambda g: g * float("inf"))
+        return real(self)
+
+    monkeypatch.setattr(Trainer, "train_step", overflowing)
+    with pytest.raises(TrainingDiverged) as err:
+        RUN(compose_cfg([*OVERRIDES, "trainer.precision=fp16"]), tmp_path)
+    assert str(err.value).startswith("trainer.precision=fp16: the gradient overflowed in 4 "
+                                     "steps in a row, up to step 6 (loss scale now ")
+    assert [r["step"] for r in metrics(tmp_path) if r.get("train/skipped")] == [3, 4, 5]
+    assert not (tmp_path / "results.json").exists()
+    # no step-4 checkpoint: its weights are step 2's, saved already (no update since)
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["checkpoint_00000002.pt"]
+
+
+def test_skipped_steps_between_logged_rows_are_counted(tmp_path, monkeypatch):
+    nan_losses_at(monkeypatch, lambda n: n in (3, 4))
+    RUN(compose_cfg([*OVERRIDES, "trainer.nan_policy=skip", "trainer.log_every=5"]), tmp_path)
+    rows = [(r["step"], r.get("train/skipped")) for r in metrics(tmp_path) if "train/loss" in r]
+    assert rows == [(5, 2), (10, None)]
+
+
 def nan_losses_at(monkeypatch, bad) -> None:
     """Make the losses of the training steps whose number n (from 1) has bad(n) NaN."""
     from tasks.lm import LMTask

@@ -148,6 +148,34 @@ def test_a_signal_during_a_periodic_validation_checkpoints_first(tmp_path, monke
     assert "the step-2 validation was left unfinished (not logged)" in capsys.readouterr().err
 
 
+def test_a_resume_in_another_precision_says_so_and_results_list_both(tmp_path, monkeypatch,
+                                                                     capsys):
+    """trainer.precision=auto is bf16 on a GPU and fp32 on a CPU: a run moved between them
+    changes precision without changing its config."""
+    from framework import trainer as trainer_module
+
+    cfg = compose_cfg([*TINY, *TINY_MOE, "trainer.steps=4", "trainer.ckpt_every=2"])
+    real_step = Trainer.train_step
+
+    def stop_at_3(self):
+        if self.step == 2:
+            raise RuntimeError("stopped")
+        return real_step(self)
+
+    monkeypatch.setattr(trainer_module, "resolve_precision", lambda p, d: torch.bfloat16)
+    monkeypatch.setattr(Trainer, "train_step", stop_at_3)
+    with pytest.raises(RuntimeError, match="stopped"):
+        RUN(cfg, tmp_path)
+    assert load_checkpoint(tmp_path / "checkpoint_00000002.pt")["precisions"] == ["bf16"]
+    monkeypatch.undo()
+    capsys.readouterr()
+    RUN(cfg, tmp_path)
+    assert ("note: steps up to 2 were trained in bf16, this process computes in fp32 "
+            "(trainer.precision=auto on cpu); results.json will list both"
+            ) in capsys.readouterr().out
+    assert json.loads((tmp_path / "results.json").read_text())["precision"] == ["bf16", "fp32"]
+
+
 def test_checkpoint_holds_everything_needed(tmp_path):
     cfg = compose_cfg([*TINY, *TINY_MOE, "trainer.steps=4", "trainer.ckpt_every=2",
                        "trainer.keep_checkpoints=2", "task.val_segments=1"])
