@@ -110,7 +110,11 @@ def list_broken(run_dir: Path) -> list[Path]:
 
 
 class CheckpointError(RuntimeError):
-    pass
+    """`shared`: every rank raises it with rank 0's message (the CLI says it once)."""
+
+    def __init__(self, message: str, shared: bool = False):
+        super().__init__(message)
+        self.shared = shared
 
 
 class CheckpointUnloadable(CheckpointError):

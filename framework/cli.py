@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import difflib
 import hashlib
-import os
 import re
 import shutil
 import sys
@@ -392,13 +391,15 @@ def handle_errors():
     an unexpected exception), which its launcher reports (hydra_plugins/sigma_moe_launchers)."""
     from framework.checkpoint import CheckpointError
     from framework.data import DataError
+    from framework.distributed import env_rank, main_process
     from framework.registry import RegistryError
     from framework.trainer import Interrupted, TrainingDiverged
 
     try:
         yield
     except KeyboardInterrupt as e:
-        if not isinstance(e, Interrupted):  # the trainer said where its checkpoint is
+        # the trainer said where its checkpoint is; a terminal's Ctrl-C reaches every rank
+        if not isinstance(e, Interrupted) and main_process():
             print("interrupted; rerunning the same command resumes from the last checkpoint, "
                   "if one was written", file=sys.stderr)
         sys.exit(130)
@@ -415,11 +416,12 @@ def handle_errors():
                 # under torchrun every rank reaches the same verdict on the config: rank 0
                 # says it (the others' copies came out glued to it); on the data, which
                 # lives on each node, a node's first rank; a rank's own trouble, its rank
-                rank = os.environ.get("RANK", "0")
+                rank = env_rank()
                 if isinstance(e, DataError):
-                    said = os.environ.get("LOCAL_RANK", "0") == "0"
+                    said = env_rank(local=True) == "0"
                 else:
-                    said = not isinstance(e, (ConfigError, RegistryError, TrainingDiverged))
+                    said = not (isinstance(e, (ConfigError, RegistryError, TrainingDiverged))
+                                or getattr(e, "shared", False))
                 if rank == "0" or said:
                     where = "" if rank == "0" else f"rank {rank}: "
                     print(f"{where}error: {e}", file=sys.stderr)

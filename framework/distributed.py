@@ -49,10 +49,17 @@ def _from_submitit() -> DistInfo | None:
     return DistInfo(env.rank, env.world_size, env.local_rank)
 
 
+def env_rank(local: bool = False) -> str:
+    """This process's rank ("0" alone), or its rank on its node: from what torchrun (RANK,
+    LOCAL_RANK) or Slurm (SLURM_PROCID, SLURM_LOCALID) sets, so it holds before the process
+    group exists (a bad override is found first)."""
+    torch_name, slurm_name = ("LOCAL_RANK", "SLURM_LOCALID") if local else ("RANK",
+                                                                             "SLURM_PROCID")
+    return os.environ.get(torch_name, os.environ.get(slurm_name, "0"))
+
+
 def main_process() -> bool:
-    """Rank 0, or the only process: from what torchrun (RANK) or Slurm (SLURM_PROCID)
-    sets, so it holds before the process group exists (a bad override is found first)."""
-    return os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")) == "0"
+    return env_rank() == "0"
 
 
 def _world_size() -> int:

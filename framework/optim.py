@@ -1,7 +1,8 @@
 """Optimizer and learning-rate schedule of the paper (App. B; docs/REFERENCE.md "Training").
 
-Adam (PyTorch defaults: betas 0.9/0.999, eps 1e-8), lr 2.5e-4, cosine decay to 0 over the
-run, after an optional linear warmup (4000 steps for the d_model=1024 models).
+Adam (PyTorch defaults: betas 0.9/0.999, eps 1e-8), lr 2.5e-4, a cosine with the run's
+length as its period, started after an optional linear warmup (4000 steps for the
+d_model=1024 models; with one it ends short of 0).
 """
 from __future__ import annotations
 

@@ -175,8 +175,10 @@ class Trainer:
                                          cfg.weight_decay)
         self.scaler = torch.amp.GradScaler(device.type, enabled=self.amp_dtype == torch.float16)
         self.step = 0
-        self.skipped_in_row = 0  # consecutive steps without an update (skipped, overflowed)
-        self.skipped_since_log = 0  # reported at the next logged step
+        # steps since the last update: skipped by nan_policy=skip, and fp16 overflows the
+        # loss scaler skipped; each has its own give-up count
+        self.skipped_in_row = self.overflows_in_row = 0
+        self.skipped_since_log = 0  # both kinds, reported at the next logged step
         self.saved_step = -1  # the step of the newest checkpoint written or resumed from
         self.train_seconds = 0.0  # wall time of fit() up to self.step, over every resume
         # every code version (framework/code_version.py) that trained up to self.step
@@ -191,7 +193,9 @@ class Trainer:
                 "task": self.task.state_dict(), "rng": all_gather_object(rng_state()),
                 "config_hash": self.config_hash, "metrics_bytes": self.logger.size(),
                 "train_seconds": self.train_seconds, "code_fingerprints": self.code_fingerprints,
-                "precisions": self.precisions, "skipped_in_row": self.skipped_in_row}
+                "precisions": self.precisions, "skipped_in_row": self.skipped_in_row,
+                "overflows_in_row": self.overflows_in_row,
+                "skipped_since_log": self.skipped_since_log}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.model.load_state_dict(state["model"])
@@ -212,6 +216,8 @@ class Trainer:
             seed_everything(hash((self.cfg.seed, self.dist.rank, self.step)) % 2**31)
         self.logger.truncate(state.get("metrics_bytes"))  # the steps redone are logged anew
         self.skipped_in_row = int(state.get("skipped_in_row", 0))  # a requeue counts on
+        self.overflows_in_row = int(state.get("overflows_in_row", 0))
+        self.skipped_since_log = int(state.get("skipped_since_log", 0))
 
     def load_progress(self, state: dict[str, Any]) -> None:
         """The step, the training time and the code versions of a checkpoint (also what
@@ -235,13 +241,13 @@ class Trainer:
                          f"({e}); the previous checkpoints are kept: free space and rerun")
         error = broadcast_from_main(error)  # also the barrier: written before anyone goes on
         if error is not None:
-            raise CheckpointError(error)
+            raise CheckpointError(error, shared=True)
         self.saved_step = self.step
 
     def weights_saved(self) -> bool:
         """Whether a checkpoint holds the current weights already: those of the last applied
-        step, which skipped steps (nan_policy=skip) leave as they were."""
-        return self.saved_step >= self.step - self.skipped_in_row
+        step, which skipped steps (nan_policy=skip, fp16 overflows) leave as they were."""
+        return self.saved_step >= self.step - self.skipped_in_row - self.overflows_in_row
 
     def check_own(self, state: dict[str, Any], hashes: tuple[str, ...] = (),
                   advice: str = "pass fresh=true to start a new run beside it, or "
@@ -273,7 +279,7 @@ class Trainer:
         said = broadcast_from_main(state if isinstance(state, str) else
                                    None if state is None else int(state["step"]))
         if isinstance(said, str):
-            raise CheckpointError(said)
+            raise CheckpointError(said, shared=True)
         step = said
         if step is None:
             return False
@@ -329,7 +335,7 @@ class Trainer:
             self._overflowed()
             totals["skipped"] = 1.0
         else:
-            self.skipped_in_row = 0
+            self.skipped_in_row = self.overflows_in_row = 0
             self.scaler.step(self.optimizer)
         self.scaler.update()
         totals["grad_norm"] = grad_norm
@@ -361,11 +367,11 @@ class Trainer:
     def _overflowed(self) -> None:
         """An fp16 step the GradScaler skipped (a gradient overflowed at this loss scale;
         it halves the scale). A few in a row are how it finds its scale; many mean that no
-        scale helps: the loss scale is then below 1 / 2^(MAX_OVERFLOWS_IN_ROW - 16)."""
-        self.skipped_in_row += 1
-        if self.skipped_in_row >= MAX_OVERFLOWS_IN_ROW:
+        scale helps (the default 2^16 halved 31 times is 2^-15)."""
+        self.overflows_in_row += 1
+        if self.overflows_in_row >= MAX_OVERFLOWS_IN_ROW:
             raise TrainingDiverged(
-                f"trainer.precision=fp16: the gradient overflowed in {self.skipped_in_row} "
+                f"trainer.precision=fp16: the gradient overflowed in {self.overflows_in_row} "
                 f"steps in a row, up to step {self.step + 1} (loss scale now "
                 f"{self.scaler.get_scale():.3g}): no update since; lower trainer.lr, or train "
                 f"in bf16 (trainer.precision=bf16) and start over (fresh=true)")

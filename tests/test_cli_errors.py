@@ -55,6 +55,8 @@ def test_under_torchrun_rank_0_says_what_every_rank_found(monkeypatch, capsys):
             ("1", "1", ConfigError("bad batch"), ""),
             ("0", "0", ConfigError("bad batch"), "error: bad batch\n"),
             ("1", "1", CheckpointError("disk"), "rank 1: error: disk\n"),
+            # rank 0's verdict, broadcast: every rank raises it
+            ("1", "1", CheckpointError("cannot write", shared=True), ""),
             # the data lives on each node: its first rank says what is missing there
             ("1", "1", DataError("no wt103"), ""),
             ("2", "0", DataError("no wt103"), "rank 2: error: no wt103\n")):
@@ -64,6 +66,19 @@ def test_under_torchrun_rank_0_says_what_every_rank_found(monkeypatch, capsys):
             with cli.handle_errors():
                 raise error
         assert e.value.code == 1 and capsys.readouterr().err == said
+
+
+@pytest.mark.parametrize("rank,said", [("0", "interrupted; rerunning the same command "
+                                        "resumes from the last checkpoint, if one was "
+                                        "written\n"), ("1", "")])
+def test_a_ctrl_c_before_training_is_said_once(monkeypatch, capsys, rank, said):
+    from framework import cli
+
+    monkeypatch.setenv("RANK", rank)
+    with pytest.raises(SystemExit) as e:
+        with cli.handle_errors():
+            raise KeyboardInterrupt
+    assert e.value.code == 130 and capsys.readouterr().err == said
 
 
 @pytest.mark.parametrize("env,said", [({}, True), ({"RANK": "0"}, True),

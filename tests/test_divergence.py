@@ -60,14 +60,7 @@ def test_fp16_overflows_are_skipped_steps_and_many_in_a_row_stop(tmp_path, monke
     from framework import trainer
 
     monkeypatch.setattr(trainer, "MAX_OVERFLOWS_IN_ROW", 4)
-    real = Trainer.train_step
-
-    def overflowing(self):
-        if self.step >= 2:  # from step 3 on
-            self.model.blocks[0].ffn.w3_ED.register_hook(lambda g: g * float("inf"))
-        return real(self)
-
-    monkeypatch.setattr(Trainer, "train_step", overflowing)
+    overflow_at(monkeypatch, lambda n: n >= 3)
     with pytest.raises(TrainingDiverged) as err:
         RUN(compose_cfg([*OVERRIDES, "trainer.precision=fp16"]), tmp_path)
     assert str(err.value).startswith("trainer.precision=fp16: the gradient overflowed in 4 "
@@ -78,11 +71,63 @@ def test_fp16_overflows_are_skipped_steps_and_many_in_a_row_stop(tmp_path, monke
     assert [p.name for p in list_checkpoints(tmp_path)] == ["checkpoint_00000002.pt"]
 
 
+def test_overflows_do_not_count_towards_nan_skips_in_a_row(tmp_path, monkeypatch):
+    """Each kind of step without an update has its own give-up count: a NaN loss after
+    fp16 overflows is one skip, not the last of MAX_SKIPPED_IN_ROW."""
+    from framework import trainer
+
+    monkeypatch.setattr(trainer, "MAX_SKIPPED_IN_ROW", 3)
+    overflow_at(monkeypatch, lambda n: 3 <= n <= 6)
+    nan_losses_at(monkeypatch, lambda n: n == 7)
+    RUN(compose_cfg([*OVERRIDES, "trainer.precision=fp16", "trainer.nan_policy=skip"]),
+        tmp_path)
+    assert [r["step"] for r in metrics(tmp_path) if r.get("train/skipped")] == [3, 4, 5, 6, 7]
+
+
 def test_skipped_steps_between_logged_rows_are_counted(tmp_path, monkeypatch):
     nan_losses_at(monkeypatch, lambda n: n in (3, 4))
     RUN(compose_cfg([*OVERRIDES, "trainer.nan_policy=skip", "trainer.log_every=5"]), tmp_path)
     rows = [(r["step"], r.get("train/skipped")) for r in metrics(tmp_path) if "train/loss" in r]
     assert rows == [(5, 2), (10, None)]
+
+
+def test_the_count_of_skipped_steps_survives_a_resume(tmp_path, monkeypatch):
+    """A skip before a checkpoint (step 4) and after the last logged row reaches the next
+    row after a resume."""
+    nan_losses_at(monkeypatch, lambda n: n == 3)
+    real = Trainer.train_step
+
+    def crash_at_5(self):
+        if self.step == 4:
+            raise RuntimeError("crashed")
+        return real(self)
+
+    monkeypatch.setattr(Trainer, "train_step", crash_at_5)
+    cfg = compose_cfg([*OVERRIDES, "trainer.nan_policy=skip", "trainer.log_every=5",
+                       "trainer.ckpt_every=4"])
+    with pytest.raises(RuntimeError, match="crashed"):
+        RUN(cfg, tmp_path)
+    monkeypatch.undo()
+    RUN(cfg, tmp_path)
+    rows = [(r["step"], r.get("train/skipped")) for r in metrics(tmp_path) if "train/loss" in r]
+    assert rows == [(5, 1), (10, None)]
+
+
+def overflow_at(monkeypatch, bad) -> None:
+    """fp16: make a gradient of the training steps whose number n (from 1) has bad(n)
+    overflow at any loss scale (the loss stays finite)."""
+    real = Trainer.train_step
+
+    def overflowing(self):
+        if not bad(self.step + 1):
+            return real(self)
+        hook = self.model.blocks[0].ffn.w3_ED.register_hook(lambda g: g * float("inf"))
+        try:
+            return real(self)
+        finally:
+            hook.remove()
+
+    monkeypatch.setattr(Trainer, "train_step", overflowing)
 
 
 def nan_losses_at(monkeypatch, bad) -> None:
@@ -94,8 +139,9 @@ def nan_losses_at(monkeypatch, bad) -> None:
 
     def poisoned(self, n):
         calls[0] += 1
-        for loss, m in real(self, n):
-            yield (loss * float("nan"), m) if bad(calls[0]) else (loss, m)
+        for loss, m in real(self, n):  # the loss metric too: a NaN loss, not an overflow
+            yield ((loss * float("nan"), {**m, "loss": m["loss"] * float("nan")})
+                   if bad(calls[0]) else (loss, m))
 
     monkeypatch.setattr(LMTask, "train_losses", poisoned)
 

@@ -101,8 +101,8 @@ def train_spm(texts: Iterable[str], s: SpmSettings, out: Path, desc: str = "") -
     pieces = spm.SentencePieceProcessor(model_proto=model.getvalue()).get_piece_size()
     if pieces < s.vocab_size:  # hard_vocab_limit=False: what the text supports, silently
         log.warning("%s: the train text gives only %d of the dataset.vocab_size=%d pieces "
-                    "asked; the model uses %d (more text, or a smaller vocab_size, to match)",
-                    desc, pieces, s.vocab_size, pieces)
+                    "asked; the model uses those (more text, or a smaller vocab_size, to "
+                    "match)", desc, pieces, s.vocab_size)
     out.write_bytes(model.getvalue())
 
 
