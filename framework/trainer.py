@@ -179,6 +179,7 @@ class Trainer:
         # loss scaler skipped; each has its own give-up count
         self.skipped_in_row = self.overflows_in_row = 0
         self.skipped_since_log = 0  # both kinds, reported at the next logged step
+        self.val_pending = False  # a signal cut the periodic validation of self.step short
         self.saved_step = -1  # the step of the newest checkpoint written or resumed from
         self.train_seconds = 0.0  # wall time of fit() up to self.step, over every resume
         # every code version (framework/code_version.py) that trained up to self.step
@@ -195,7 +196,7 @@ class Trainer:
                 "train_seconds": self.train_seconds, "code_fingerprints": self.code_fingerprints,
                 "precisions": self.precisions, "skipped_in_row": self.skipped_in_row,
                 "overflows_in_row": self.overflows_in_row,
-                "skipped_since_log": self.skipped_since_log}
+                "skipped_since_log": self.skipped_since_log, "val_pending": self.val_pending}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.model.load_state_dict(state["model"])
@@ -218,6 +219,7 @@ class Trainer:
         self.skipped_in_row = int(state.get("skipped_in_row", 0))  # a requeue counts on
         self.overflows_in_row = int(state.get("overflows_in_row", 0))
         self.skipped_since_log = int(state.get("skipped_since_log", 0))
+        self.val_pending = bool(state.get("val_pending", False))
 
     def load_progress(self, state: dict[str, Any]) -> None:
         """The step, the training time and the code versions of a checkpoint (also what
@@ -405,6 +407,9 @@ class Trainer:
                      f"written in {self.run_dir}; rerun the same command to resume")
             if self._signal == signal.SIGINT:
                 raise Interrupted
+            # the default action ends the process here, past the callers' `finally`: wandb
+            # would lose what it has not written yet (every row since its last flush)
+            self.logger.close()
             signal.raise_signal(self._signal)
             raise SystemExit(128 + self._signal)  # a handler that returned: still stop
 
@@ -470,6 +475,23 @@ class Trainer:
         if was != is_:
             self.precisions.append(is_)
 
+    def _validate(self, shown: bool) -> None:
+        """The periodic validation of self.step. A signal ends it: the checkpoint comes first
+        (torchrun kills its workers 30 s after passing on a Ctrl-C or SIGTERM; a Slurm grace
+        time is short), and the resumed run does it before its first step."""
+        result = self.task.validate(stop=lambda: self._signal is not None)
+        self.val_pending = result is None
+        if result is None:
+            if self.is_main:
+                note(f"the step-{self.step} validation was left unfinished; the resumed run "
+                     f"does it first")
+        else:
+            self.logger.log({f"valid/{k}": v for k, v in result.items()}, self.step)
+            if shown:
+                tqdm.write(f"step {self.step} | valid " + " | ".join(
+                    f"{k} {v:.4f}" for k, v in result.items() if k != "tokens"))
+        self.model.train()
+
     def _fit(self) -> None:
         cfg = self.cfg
         if self.resume():
@@ -478,6 +500,8 @@ class Trainer:
             # checkpoint; a directory of another run's is refused, framework/run_dirs.py) go
             self.logger.truncate(0)
         self._precompile()
+        if self.val_pending and self.step < cfg.steps:  # cut short by the signal that stopped
+            self._validate(self.is_main and cfg.progress)  # the last leg
         self.model.train()
         t0, tokens = time.perf_counter(), 0
         clock = t0  # the time of the steps redone after a resume counts once
@@ -508,20 +532,7 @@ class Trainer:
                     self.logger.log({f"train/{k}": v for k, v in metrics.items()}, self.step)
                     t0, tokens = time.perf_counter(), 0
                 if self.step % cfg.val_every == 0 and self.step < cfg.steps:
-                    # a signal ends it: the checkpoint comes first (torchrun kills its workers
-                    # 30 s after passing on a Ctrl-C or SIGTERM; a Slurm grace time is short)
-                    result = self.task.validate(stop=lambda: self._signal is not None)
-                    if result is None:
-                        if self.is_main:
-                            note(f"the step-{self.step} validation was left unfinished "
-                                 f"(not logged)")
-                    else:
-                        self.logger.log({f"valid/{k}": v for k, v in result.items()},
-                                        self.step)
-                        if shown:
-                            tqdm.write(f"step {self.step} | valid " + " | ".join(
-                                f"{k} {v:.4f}" for k, v in result.items() if k != "tokens"))
-                    self.model.train()
+                    self._validate(shown)
                     t0, tokens = time.perf_counter(), 0  # tokens/s: of the training only
                 now = time.perf_counter()
                 self.train_seconds, clock = self.train_seconds + now - clock, now

@@ -117,16 +117,21 @@ def test_a_signal_during_a_periodic_validation_checkpoints_first(tmp_path, monke
                                                                    capsys):
     """The validation stops at its next segment and the checkpoint is written: torchrun
     SIGKILLs its workers 30 s after passing a signal on, and a WT-B validation takes longer
-    (the promised checkpoint was lost)."""
+    (the promised checkpoint was lost). The resumed run does that validation first. The
+    logger is closed before the signal ends the process (wandb lost its unwritten rows)."""
     import os
     import signal
 
+    from framework.loggers import RunLogger
     from tasks.lm import LMTask
 
     cfg = compose_cfg([*TINY, *TINY_MOE, "trainer.steps=6", "trainer.val_every=2",
                        "trainer.ckpt_every=100", "trainer.log_every=1"])
-    raised, segments, real = [], [], LMTask.evaluate
-    monkeypatch.setattr(signal, "raise_signal", raised.append)  # the default would stop pytest
+    events, segments, real, real_close = [], [], LMTask.evaluate, RunLogger.close
+    # the default action would stop pytest
+    monkeypatch.setattr(signal, "raise_signal", lambda s: events.append(("raise", s)))
+    monkeypatch.setattr(RunLogger, "close", lambda self: events.append("close") or
+                        real_close(self))
 
     def evaluate(self, split, *args, stop=None, **kwargs):
         if stop is not None:  # the periodic validation: SIGTERM arrives in it
@@ -141,11 +146,17 @@ def test_a_signal_during_a_periodic_validation_checkpoints_first(tmp_path, monke
     monkeypatch.setattr(LMTask, "evaluate", evaluate)
     with pytest.raises(SystemExit) as e:
         RUN(cfg, tmp_path)
-    assert e.value.code == 128 + signal.SIGTERM and raised == [signal.SIGTERM]
+    assert e.value.code == 128 + signal.SIGTERM
+    assert events[:2] == ["close", ("raise", signal.SIGTERM)]
     assert segments == [True]  # not one segment evaluated
     assert [p.name for p in list_checkpoints(tmp_path)] == ["checkpoint_00000002.pt"]
     assert not any("valid/loss" in r for r in metrics(tmp_path))
-    assert "the step-2 validation was left unfinished (not logged)" in capsys.readouterr().err
+    assert ("the step-2 validation was left unfinished; the resumed run does it first"
+            in capsys.readouterr().err)
+    monkeypatch.undo()
+    RUN(cfg, tmp_path)
+    assert [r["step"] for r in metrics(tmp_path) if "valid/loss" in r] == [2, 4]
+    assert not load_checkpoint(list_checkpoints(tmp_path)[-1])["val_pending"]
 
 
 def test_a_resume_in_another_precision_says_so_and_results_list_both(tmp_path, monkeypatch,
