@@ -51,19 +51,25 @@ if hasattr(os, "register_at_fork"):
 _OPENMP = "OpenMP" in torch.__config__.parallel_info()  # fixed when torch was built
 
 
+MAX_WORKERS = 4  # each adds a chunk of partial weight gradients
+
+
 def _workers() -> int:
     """Worker threads: one per core, with OpenMP only (where thread counts are per-thread
-    state), at most 4 (each adds a chunk of partial weight gradients)."""
+    state), at most MAX_WORKERS."""
     threads = torch.get_num_threads()
     if threads < 2 or not _OPENMP:
         return 1
-    return min(threads, 4)
+    return min(threads, MAX_WORKERS)
 
 
 @torch.compiler.assume_constant_result  # torch.compile: a constant, not a graph break
 def cpu_chunks() -> int:
     """Token chunks for `make_routing` on a CPU (kernels/routing.py): one per worker (2x or
-    4x more, smaller chunks measured no faster here: only smaller products)."""
+    4x more, smaller chunks measured no faster here: only smaller products). With dropout
+    the caller takes MAX_WORKERS whatever the thread count: each chunk draws its masks from
+    a generator of its own, so masks that followed the chunks followed the threads (a run's
+    numbers changed with OMP_NUM_THREADS as much as with its seed); 2% slower on 2 threads."""
     return _workers()
 
 

@@ -416,16 +416,36 @@ def test_autocast_computes_in_autocast_dtype():
     assert_close(compare((y, grads), reference_case(rounded)), torch.bfloat16)
 
 
-def test_compile_fullgraph_traces_torch_path():
+def test_torch_path_dropout_does_not_depend_on_the_thread_count(monkeypatch):
+    """Each chunk draws its masks from a generator of its own: with dropout the chunks are
+    as many whatever the threads (a run's numbers changed with OMP_NUM_THREADS as much as
+    with its seed), and so is what the global generator gives afterwards."""
+    case = random_case(T=61, D=16, E=5, G=8, K=3, seed=4)
+    args = [case[k] for k in ("x_TD", "expert_TK", "gate_TK", "w1_EDG", "w2_EGD")]
+    runs = []
+    for workers in (1, 2, 4):
+        monkeypatch.setattr(kernels.torch_path, "_workers", lambda w=workers: w)
+        torch.manual_seed(0)
+        y = moe_mlp(*args, hidden_dropout=0.3, training=True, backend="torch")
+        runs.append((y, torch.rand(3)))
+    for y, after in runs[1:]:
+        assert torch.equal(y, runs[0][0]) and torch.equal(after, runs[0][1])
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.2])
+def test_compile_fullgraph_traces_torch_path(dropout):
     case = random_case(T=21, D=16, E=5, G=8, K=2)
 
     def layer(x, expert, gate, w1, w2):
-        return moe_mlp(x, expert, gate, w1, w2, backend="torch").square().sum()
+        return moe_mlp(x, expert, gate, w1, w2, hidden_dropout=dropout, training=True,
+                       backend="torch").square().sum()
 
     compiled = torch.compile(layer, fullgraph=True, backend="aot_eager")
     ins = [case[k].clone().requires_grad_() for k in ("x_TD", "gate_TK", "w1_EDG", "w2_EGD")]
+    torch.manual_seed(0)
     loss = compiled(ins[0], case["expert_TK"], *ins[1:])
     grads = torch.autograd.grad(loss, ins)
+    torch.manual_seed(0)
     loss_ref = layer(ins[0], case["expert_TK"], *ins[1:])
     grads_ref = torch.autograd.grad(loss_ref, ins)
     torch.testing.assert_close(loss, loss_ref)
