@@ -191,6 +191,18 @@ def test_the_tokenizer_is_bpe_and_splits_digits_as_configured(tmp_path, split_di
     assert all(len(n) == 1 for n in numbers) == split_digits, pieces
 
 
+def test_the_model_file_does_not_depend_on_the_core_count(tmp_path, monkeypatch):
+    """SentencePiece writes its thread count into the model: the same pieces trained on 1 or
+    8 cores were other files, so other data versions (results.json's data sha256)."""
+    texts = [f"In {1900 + i} the town had {i * 37 + 1234} people." for i in range(200)]
+    built = []
+    for cores in (1, 8):
+        monkeypatch.setattr(subword.os, "cpu_count", lambda c=cores: c)
+        subword.train_spm(texts, subword.SpmSettings(100, True), tmp_path / f"{cores}.model")
+        built.append((tmp_path / f"{cores}.model").read_bytes())
+    assert built[0] == built[1]
+
+
 def test_a_vocab_smaller_than_asked_is_said(tmp_path, caplog):
     """Tiny text cannot give vocab_size pieces: SentencePiece (hard_vocab_limit=False)
     takes what there is, and the user hears it."""
