@@ -96,8 +96,11 @@ class StreamBatcher:
 
     `batch_size` is the global batch; rank r of `world_size` reads streams
     [r*B/W, (r+1)*B/W). Training wraps around at the end of an epoch (the caller resets
-    memory when `epoch_start` is set); evaluation (`segments()`) reads each token once,
-    with a shorter last segment.
+    memory when `epoch_start` is set) and reads whole segments only: the last
+    (stream_len - 1) % seq_len targets of each stream wait for no epoch (19 x 16 = 304 of
+    enwik_mini's 5.48M at the main job's shape); evaluation (`segments()`) reads each token
+    once, with a shorter last segment. The len(tokens) % batch_size tokens past the last
+    stream are read by neither.
     """
 
     def __init__(self, tokens: np.ndarray, batch_size: int, seq_len: int,
