@@ -431,6 +431,7 @@ class Trainer:
                 theirs(signum, frame)
             elif theirs == signal.SIG_DFL:
                 signal.signal(signum, signal.SIG_DFL)
+                self.logger.close()  # as in fit: the default action skips the `finally`s
                 signal.raise_signal(signum)
                 raise SystemExit(128 + signum)  # (the default action stops the process)
 
@@ -502,6 +503,8 @@ class Trainer:
         self._precompile()
         if self.val_pending and self.step < cfg.steps:  # cut short by the signal that stopped
             self._validate(self.is_main and cfg.progress)  # the last leg
+            if self._preempted():  # cut short again: the step's checkpoint still says so
+                return
         self.model.train()
         t0, tokens = time.perf_counter(), 0
         clock = t0  # the time of the steps redone after a resume counts once

@@ -172,7 +172,8 @@ def moe_mlp(x_TD, expert_TK, gate_TK, w1_EDG, w2_EGD, hidden_dropout=0.0, traini
 
     x_TD [T, D], expert_TK int [T, K], gate_TK [T, K], w1_EDG [E, D, G], w2_EGD [E, G, D].
     n_chunks: token chunks C of the routing (kernels/routing.py); None: the backend's own,
-    one per CPU worker thread for the torch path on a CPU, else 1. The Triton backends run
+    for the torch path on a CPU one per worker thread (4 with dropout in training, whatever
+    the threads: each chunk draws its own masks), else 1. The Triton backends run
     their scatters chunk by chunk (a chunk's K slot launches touch only its T/C output
     rows); the reference ignores it.
     Autograd: first-order reverse mode. Double backward, forward mode (jvp) and

@@ -170,7 +170,7 @@ def run(cfg: dict[str, Any], run_dir: Path) -> dict[str, Any] | None:
                                    "steps": trainer.step, "n_params": count,
                                    "config_hash": trainer.config_hash, "seed": trainer_cfg.seed,
                                    "ranks": dist_info.world_size,  # processes of the last leg
-                                   "threads": torch.get_num_threads(),  # sums' order on CPUs
+                                   "threads": torch.get_num_threads(),  # of the last leg too
                                    "train_seconds": round(trainer.train_seconds, 1),
                                    "peak_rss_mb": round(peak_rss, 1),
                                    "code": code_version(trainer.code_fingerprints),

@@ -203,6 +203,17 @@ def test_the_model_file_does_not_depend_on_the_core_count(tmp_path, monkeypatch)
     assert built[0] == built[1]
 
 
+def test_a_protobuf_runtime_that_cannot_read_the_model_leaves_it_as_trained(monkeypatch):
+    """sentencepiece's generated module refuses a protobuf runtime older than its own."""
+    import sys
+
+    import sentencepiece
+
+    monkeypatch.delattr(sentencepiece, "sentencepiece_model_pb2", raising=False)
+    monkeypatch.setitem(sys.modules, "sentencepiece.sentencepiece_model_pb2", None)
+    assert subword.without_thread_count(b"\x12\x03\x80\x01\x02") == b"\x12\x03\x80\x01\x02"
+
+
 def test_a_vocab_smaller_than_asked_is_said(tmp_path, caplog):
     """Tiny text cannot give vocab_size pieces: SentencePiece (hard_vocab_limit=False)
     takes what there is, and the user hears it."""

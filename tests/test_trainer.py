@@ -86,10 +86,15 @@ def test_a_signal_during_the_final_evaluation_says_so(tmp_path, monkeypatch, cap
     from tasks.lm import LMTask
 
     cfg = compose_cfg([*TINY, *TINY_MOE, "trainer.steps=2", "trainer.ckpt_every=2"])
-    got, raised = [], []
+    from framework.loggers import RunLogger
+
+    got, raised, real_close = [], [], RunLogger.close
     previous = signal.signal(signal.SIGUSR1, (lambda *a: got.append("theirs")) if
                              theirs == "returns" else signal.SIG_DFL)
     monkeypatch.setattr(signal, "raise_signal", raised.append)  # the default would stop pytest
+    # the default action ends the process past the callers' `finally`: wandb closed first
+    monkeypatch.setattr(RunLogger, "close", lambda self: raised.append("close") or
+                        real_close(self))
     real = LMTask.evaluate
 
     def evaluate(self, split, *args, **kwargs):
@@ -100,11 +105,13 @@ def test_a_signal_during_the_final_evaluation_says_so(tmp_path, monkeypatch, cap
     monkeypatch.setattr(LMTask, "evaluate", evaluate)
     try:
         if theirs == "returns":
-            assert RUN(cfg, tmp_path)["steps"] == 2 and got == ["theirs"] and not raised
+            assert RUN(cfg, tmp_path)["steps"] == 2 and got == ["theirs"]
+            assert signal.SIGUSR1 not in raised
         else:
             with pytest.raises(SystemExit) as e:
                 RUN(cfg, tmp_path)
-            assert e.value.code == 128 + signal.SIGUSR1 and raised == [signal.SIGUSR1]
+            assert e.value.code == 128 + signal.SIGUSR1
+            assert raised[:2] == ["close", signal.SIGUSR1]
             assert not (tmp_path / "results.json").exists() and list_checkpoints(tmp_path)
     finally:
         signal.signal(signal.SIGUSR1, previous)
@@ -153,6 +160,10 @@ def test_a_signal_during_a_periodic_validation_checkpoints_first(tmp_path, monke
     assert not any("valid/loss" in r for r in metrics(tmp_path))
     assert ("the step-2 validation was left unfinished; the resumed run does it first"
             in capsys.readouterr().err)
+    # cut short again while the resumed run redoes it: that run stops before training
+    with pytest.raises(SystemExit):
+        RUN(cfg, tmp_path)
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["checkpoint_00000002.pt"]
     monkeypatch.undo()
     RUN(cfg, tmp_path)
     assert [r["step"] for r in metrics(tmp_path) if "valid/loss" in r] == [2, 4]

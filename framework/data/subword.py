@@ -55,7 +55,6 @@ def check_vocab_size(vocab_size: int) -> None:
 def train_spm(texts: Iterable[str], s: SpmSettings, out: Path, desc: str = "") -> None:
     """Trains the model on `texts` (blank ones skipped) and writes it to `out`."""
     import sentencepiece as spm
-    from sentencepiece import sentencepiece_model_pb2
 
     spm.set_random_generator_seed(s.seed)
     failed: list[DataError] = []
@@ -99,18 +98,30 @@ def train_spm(texts: Iterable[str], s: SpmSettings, out: Path, desc: str = "") -
             raise failed[0] from None
         raise DataError(f"{desc}: SentencePiece training failed: {e}") from None
     log.info("%s: SentencePiece model trained in %.1f s", desc, time.time() - started[-1])
-    # the model records the threads it trained with: the same pieces built on machines with
-    # other core counts would be other files, and other data versions of the same tokens
-    proto = sentencepiece_model_pb2.ModelProto()
-    proto.ParseFromString(model.getvalue())
-    proto.trainer_spec.ClearField("num_threads")
-    model = io.BytesIO(proto.SerializeToString(deterministic=True))
+    model = io.BytesIO(without_thread_count(model.getvalue()))
     pieces = spm.SentencePieceProcessor(model_proto=model.getvalue()).get_piece_size()
     if pieces < s.vocab_size:  # hard_vocab_limit=False: what the text supports, silently
         log.warning("%s: the train text gives only %d of the dataset.vocab_size=%d pieces "
                     "asked; the model uses those (more text, or a smaller vocab_size, to "
                     "match)", desc, pieces, s.vocab_size)
     out.write_bytes(model.getvalue())
+
+
+def without_thread_count(model: bytes) -> bytes:
+    """The model records the threads it trained with: the same pieces built on machines
+    with other core counts would be other files, so other data versions of the same tokens.
+    sentencepiece's generated protobuf module needs a protobuf runtime at least as new as
+    the one it was generated with: with an older one the model stays as trained."""
+    try:
+        from sentencepiece import sentencepiece_model_pb2
+
+        proto = sentencepiece_model_pb2.ModelProto()
+        proto.ParseFromString(model)
+    except Exception as e:  # ImportError, protobuf's VersionError: not the data's fault
+        log.debug("SentencePiece model kept with its thread count (%s)", e)
+        return model
+    proto.trainer_spec.ClearField("num_threads")
+    return proto.SerializeToString(deterministic=True)
 
 
 _SP: Any = None  # the worker's processor, loaded once by _init
