@@ -51,7 +51,11 @@ from scripts.run_results import (  # noqa: E402
     real,
     run_roots,
 )
-from scripts.run_versions import code_versions, data_versions  # noqa: E402
+from scripts.run_versions import (  # noqa: E402
+    code_versions,
+    data_versions,
+    precision_versions,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 T_MIN = 2.0  # |t| needed for "beats"
@@ -205,6 +209,7 @@ class Collected:
     seeds: dict[str, list[Any]]  # experiment -> the seeds it has
     code: list[str] = field(default_factory=list)  # code versions of the counted runs
     data: list[str] = field(default_factory=list)  # data versions, when they differ
+    precision: list[str] = field(default_factory=list)  # precisions, when they differ
     overridden: list[str] = field(default_factory=list)  # runs counted of other settings
     marked: set[tuple[str, str]] = field(default_factory=set)  # cells holding such runs
 
@@ -238,6 +243,7 @@ def collect(roots: list[Path], exp_dir: Path, all_overrides: bool = False) -> Co
                               "train_s": _mean([r.results.get("train_seconds") for r in found]),
                               "peak_rss_mb": _mean([r.results.get("peak_rss_mb") for r in found])}
     out.code, out.data = code_versions(counted), data_versions(counted)
+    out.precision = precision_versions(counted)
     out.overridden = overridden_runs(counted)
     return out
 
@@ -263,7 +269,8 @@ def render_results(c: Collected, rows: dict[str, str]) -> str:
         lines.append(f"| {rows.get(variant, variant)} | " + " | ".join(cells) + " |")
     lines += ["", "Each cell: mean ± sample std over seeds (n seeds) · parameter count."]
     lines += markdown_notes("Missing runs:", missing_commands("mini", c.seeds, c.skipped),
-                            [str(s) for s in c.skipped], c.code, c.data, c.overridden)
+                            [str(s) for s in c.skipped], c.code, c.data, c.overridden,
+                            c.precision)
     return "\n".join(lines) + "\n"
 
 

@@ -56,7 +56,11 @@ from scripts.run_results import (  # noqa: E402
     real,
     run_roots,
 )
-from scripts.run_versions import code_versions, data_versions  # noqa: E402
+from scripts.run_versions import (  # noqa: E402
+    code_versions,
+    data_versions,
+    precision_versions,
+)
 from scripts.wandb_runs import wandb_runs  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -205,6 +209,7 @@ class Table:
     overridden: list[str] = field(default_factory=list)  # runs counted of other settings
     code: list[str] = field(default_factory=list)  # code versions of the counted runs
     data: list[str] = field(default_factory=list)  # data versions, when they differ
+    precision: list[str] = field(default_factory=list)  # precisions, when they differ
 
 
 def ordered(labels: list[str], preferred: tuple[str, ...]) -> list[str]:
@@ -264,6 +269,7 @@ def build_table(table: str, exps: dict[str, Experiment], runs: dict[str, list[Ru
     out.notes = [str(s) for s in skipped if s.name in names]
     out.overridden = overridden_runs(counted)
     out.code, out.data = code_versions(counted), data_versions(counted)
+    out.precision = precision_versions(counted)
     return out
 
 
@@ -355,7 +361,8 @@ def render_markdown(t: Table) -> str:
         lines.append("| " + " | ".join([label, *lead, *map(cell_text, cells)]) + " |")
     if t.name != FLOPS:
         lines += ["", LEGEND]
-    lines += markdown_notes(MISSING, t.missing, t.notes, t.code, t.data, t.overridden)
+    lines += markdown_notes(MISSING, t.missing, t.notes, t.code, t.data, t.overridden,
+                            t.precision)
     return "\n".join(lines) + "\n"
 
 
@@ -378,6 +385,7 @@ def render_latex(t: Table) -> str:
     lines += [f"% counted with --all-overrides ($^\\dagger$): {n}" for n in t.overridden]
     lines += [f"% code: {c}" for c in t.code]
     lines += [f"% data: {d}" for d in t.data]
+    lines += [f"% precision: {p}" for p in t.precision]
     return "\n".join(lines) + "\n"
 
 

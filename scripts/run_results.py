@@ -361,17 +361,19 @@ OVERRIDDEN_HEADING = (f"Counted with --all-overrides ({OVERRIDDEN}: the cell's m
 
 
 def markdown_notes(missing_heading: str, missing: list[str], not_counted: list[str],
-                   code: list[str], data: list[str] = (), overridden: list[str] = ()
-                   ) -> list[str]:
+                   code: list[str], data: list[str] = (), overridden: list[str] = (),
+                   precision: list[str] = ()) -> list[str]:
     """The lists under a Markdown table: the commands of its missing runs, the runs not
-    counted (why), those counted of other settings, the code and data versions of the
-    counted ones; each only when it has lines."""
-    from scripts.run_versions import CODE_HEADING, DATA_HEADING  # it imports this module
+    counted (why), those counted of other settings, the code, data and precision versions
+    of the counted ones; each only when it has lines."""
+    # run_versions imports this module
+    from scripts.run_versions import CODE_HEADING, DATA_HEADING, PRECISION_HEADING
 
     lines = []
     for heading, items in ((missing_heading, [f"`{cmd}`" for cmd in missing]),
                            ("Not counted:", not_counted), (OVERRIDDEN_HEADING, overridden),
-                           (CODE_HEADING, code), (DATA_HEADING, data)):
+                           (CODE_HEADING, code), (DATA_HEADING, data),
+                           (PRECISION_HEADING, precision)):
         if items:
             lines += ["", heading, *[f"- {item}" for item in items]]
     return lines

@@ -114,6 +114,30 @@ def data_versions(runs: Iterable[Run]) -> list[str]:
     return lines
 
 
+# -- which precision they trained in --------------------------------------------------------
+PRECISION_HEADING = ("Precisions (results.json `precision`: trainer.precision=auto is bf16 on a "
+                     "GPU and fp32 on a CPU with one config, and a run resumed on another "
+                     "device trained in both, `bf16 then fp32`):")
+
+
+def precision_label(results: Any) -> str | None:
+    """The precisions a run trained in, in order; None when it did not record them."""
+    legs = results.get("precision") if isinstance(results, dict) else None
+    return " then ".join(map(str, legs)) if isinstance(legs, list) and legs else None
+
+
+def precision_versions(runs: Iterable[Run]) -> list[str]:
+    """One line per precision when the counted `runs` trained in more than one, or any in
+    several (else []); runs that did not record theirs only beside those that did."""
+    groups: dict[str | None, list[Run]] = {}
+    for run in runs:
+        groups.setdefault(precision_label(run.results), []).append(run)
+    recorded = set(groups) - {None}
+    if len(recorded) < 2 and not any(" then " in label for label in recorded):
+        return []
+    return version_lines(groups, lambda label, _: label or "not recorded")
+
+
 if __name__ == "__main__":  # a library without a CLI: say which scripts print these lines
     import sys
 

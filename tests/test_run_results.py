@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from scripts import paper_tables, run_results, run_versions, wandb_runs
-from tests.test_paper_tables import fake_run, run_record, write_exp
+from tests.test_paper_tables import _exp, fake_run, run_record, write_exp
 
 ROOT = Path(__file__).resolve().parent.parent
 MOE_ENTRY = {"table": "moe", "row": "σ-MoE", "column": "Mini", "value": 2.9}
@@ -202,3 +202,24 @@ def test_one_recorded_data_version_beside_unrecorded_runs_is_no_difference():
     other = run_record(2, 1.0, None)
     other.data = {"name": "enwik8", "sha256": {"train": "cd" * 32}}
     assert len(run_versions.data_versions([old, new, other])) == 3
+
+
+def test_precisions_are_listed_when_the_counted_runs_differ():
+    """trainer.precision=auto: bf16 on a GPU, fp32 on a CPU, one config; a resume on
+    another device trains in both. Runs from before runs recorded it only beside others."""
+    def run(seed, *legs):
+        r = run_record(seed, 1.0, None)
+        r.results = {"precision": list(legs)} if legs else {}
+        return r
+
+    assert run_versions.precision_versions([run(0, "bf16"), run(1, "bf16"), run(2)]) == []
+    assert run_versions.precision_versions([run(0, "bf16"), run(1, "bf16"),
+                                            run(2, "fp32")]) == [
+        "bf16: 2 runs", "fp32: x seed 2"]
+    mixed = run_versions.precision_versions([run(0, "bf16", "fp32"), run(1)])
+    assert mixed == ["bf16 then fp32: 1 run", "not recorded: x seed 1"]
+    # and under the table
+    t = paper_tables.build_table("moe", {"x": _exp()}, {"x": [run(0, "bf16"), run(1, "fp32")]})
+    assert t.precision == ["bf16: 1 run", "fp32: x seed 1"]
+    assert ("Precisions (results.json `precision`" in paper_tables.render_markdown(t)
+            and "% precision: fp32: x seed 1" in paper_tables.render_latex(t))
