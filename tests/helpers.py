@@ -86,6 +86,11 @@ def metrics(run_dir: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
+def losses(run_dir: Path) -> dict[int, float]:
+    """step -> logged training loss."""
+    return {r["step"]: r["train/loss"] for r in metrics(run_dir) if "train/loss" in r}
+
+
 class Stop(Exception):
     pass
 
