@@ -378,7 +378,7 @@ def test_a_damaged_enwik8_zip_is_one_line_naming_it(tmp_path, monkeypatch):
     with zipfile.ZipFile(tmp_path / "enwik8.zip", "w") as z:  # stored: the bytes as they are
         z.writestr("enwik8", bytes(range(256)) * 16 + b"abc")
     raw = bytearray((tmp_path / "enwik8.zip").read_bytes())
-    raw[100:108] = b"XXXXXXXX"
+    raw[100:108] = bytes(b ^ 0xFF for b in raw[100:108])  # the member's bytes, inverted
     (tmp_path / "enwik8.zip").write_bytes(bytes(raw))
     with pytest.raises(DataError, match=rf"^{tmp_path / 'enwik8.zip'}: BadZipFile: Bad CRC-32"):
         Enwik8.load(Enwik8Config(source=str(tmp_path / "enwik8.zip"), cache_dir=str(tmp_path)))
