@@ -392,8 +392,9 @@ def handle_errors():
     from framework.checkpoint import CheckpointError
     from framework.data import DataError
     from framework.distributed import env_rank, main_process
+    from framework.divergence import TrainingDiverged
     from framework.registry import RegistryError
-    from framework.trainer import Interrupted, TrainingDiverged
+    from framework.trainer import Interrupted
 
     try:
         yield

@@ -20,9 +20,8 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, NoReturn
 
 import torch
 from tqdm import tqdm
@@ -46,6 +45,12 @@ from framework.distributed import (
     broadcast_from_main,
     mean_over_ranks,
 )
+from framework.divergence import (
+    MAX_OVERFLOWS_IN_ROW,
+    MAX_SKIPPED_IN_ROW,
+    TrainingDiverged,
+    nonfinite_report,
+)
 from framework.optim import build_optimizer, in_groups_of, lr_factor
 from framework.runtime import (
     precision_name,
@@ -54,51 +59,7 @@ from framework.runtime import (
     seed_everything,
     set_rng_state,
 )
-
-
-@dataclass(frozen=True)
-class TrainerConfig:
-    steps: int = 100_000
-    lr: float = 2.5e-4
-    betas: tuple[float, ...] = (0.9, 0.999)
-    eps: float = 1e-8
-    weight_decay: float = 0.0
-    schedule: Literal["cosine", "constant"] = "cosine"
-    warmup_steps: int = 0
-    grad_clip: float = 0.25  # global norm; 0 = off (authors' small dense baselines: 0.1)
-    grad_accum: int = 1  # micro-batches per step (the batch is split along its streams)
-    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"  # auto: bf16 on CUDA, else fp32
-    seed: int = 0
-    val_every: int = 2000
-    ckpt_every: int = 10_000
-    keep_checkpoints: int = 2
-    log_every: int = 50
-    nan_policy: Literal["stop", "skip"] = "stop"
-    device: str = "auto"  # auto (CUDA if any, else CPU) | cpu | cuda | cuda:N | mps
-    progress: bool = True
-    # Slurm's warning before a time limit / preemption: checkpoint, then let the signal act
-    # (default: exit; under submitit: requeue). The rerun resumes.
-    preempt_signals: tuple[str, ...] = ("SIGUSR1", "SIGUSR2", "SIGTERM")
-
-    def __post_init__(self) -> None:
-        for key in ("steps", "grad_accum", "val_every", "ckpt_every", "log_every"):
-            if getattr(self, key) < 1:
-                raise ConfigError(f"trainer.{key} must be >= 1, got {getattr(self, key)}")
-        # a traceback after the run directory exists (AdamW refuses a negative lr or decay),
-        # or a silent misreading (a negative warmup; eps 0: a division by zero); lr 0 is a
-        # throughput measurement
-        if not self.eps > 0:
-            raise ConfigError(f"trainer.eps must be > 0, got {self.eps}")
-        for key in ("lr", "weight_decay", "grad_clip", "warmup_steps", "keep_checkpoints"):
-            if getattr(self, key) < 0:
-                raise ConfigError(f"trainer.{key} must be >= 0, got {getattr(self, key)}")
-        if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
-            raise ConfigError(f"trainer.betas must be two numbers in [0, 1), got "
-                              f"{list(self.betas)}")
-        unknown = [n for n in self.preempt_signals if n not in signal.Signals.__members__]
-        if unknown:  # else a traceback once the data loaded and config.yaml was written
-            raise ConfigError(f"trainer.preempt_signals: no signal {unknown[0]} here (known: "
-                              f"e.g. SIGUSR1, SIGUSR2, SIGTERM)")
+from framework.trainer_config import TrainerConfig
 
 
 @contextmanager
@@ -111,17 +72,6 @@ def handling(names: tuple[str, ...], handler) -> Iterator[dict[int, Any]]:
     finally:
         for sig, theirs in previous.items():
             signal.signal(sig, theirs)
-
-
-class TrainingDiverged(RuntimeError):
-    pass
-
-
-# nan_policy=skip gives up after this many skipped steps in a row: a bad batch is skipped,
-# weights that give non-finite losses on every batch would be "trained" to the end on none
-MAX_SKIPPED_IN_ROW = 10
-# trainer.precision=fp16 gives up after this many GradScaler-skipped (overflow) steps in a row
-MAX_OVERFLOWS_IN_ROW = 32
 
 
 class Interrupted(KeyboardInterrupt):
@@ -144,20 +94,6 @@ def to_host(values: dict[str, Any]) -> dict[str, float]:
         stacked = torch.stack([values[k].detach().to(like.device, torch.float64) for k in keys])
         host = dict(zip(keys, stacked.tolist()))
     return {k: host[k] if k in host else float(v) for k, v in values.items()}
-
-
-def nonfinite_report(model: torch.nn.Module) -> str:
-    """Which weights and gradients hold NaN/inf, for the divergence message."""
-    params = [n for n, p in model.named_parameters() if not torch.isfinite(p).all()]
-    grads = [n for n, p in model.named_parameters()
-             if p.grad is not None and not torch.isfinite(p.grad).all()]
-    parts = []
-    if params:
-        parts.append(f"non-finite weights in {', '.join(params[:4])}")
-    if grads:
-        parts.append(f"non-finite gradients in {len(grads)} tensors (first: "
-                     f"{', '.join(grads[:3])})")
-    return "; " + "; ".join(parts) if parts else ""
 
 
 class Trainer:
@@ -407,11 +343,15 @@ class Trainer:
                      f"written in {self.run_dir}; rerun the same command to resume")
             if self._signal == signal.SIGINT:
                 raise Interrupted
-            # the default action ends the process here, past the callers' `finally`: wandb
-            # would lose what it has not written yet (every row since its last flush)
-            self.logger.close()
-            signal.raise_signal(self._signal)
-            raise SystemExit(128 + self._signal)  # a handler that returned: still stop
+            self._stop_by(self._signal)
+
+    def _stop_by(self, signum: int) -> NoReturn:
+        """Let `signum` do what its handler does now. The default action ends the process
+        past the callers' `finally`s: the logger is closed first (wandb would lose every row
+        since its last flush). A handler that returned: stop anyway."""
+        self.logger.close()
+        signal.raise_signal(signum)
+        raise SystemExit(128 + signum)
 
     @contextmanager
     def said_on_signal(self, what: str) -> Iterator[None]:
@@ -431,9 +371,7 @@ class Trainer:
                 theirs(signum, frame)
             elif theirs == signal.SIG_DFL:
                 signal.signal(signum, signal.SIG_DFL)
-                self.logger.close()  # as in fit: the default action skips the `finally`s
-                signal.raise_signal(signum)
-                raise SystemExit(128 + signum)  # (the default action stops the process)
+                self._stop_by(signum)
 
         with handling(self.cfg.preempt_signals, on_signal) as replaced:
             previous.update(replaced)

@@ -23,6 +23,7 @@ from framework.checkpoint import atomic_write_bytes, list_checkpoints, load_late
 from framework.code_version import code_version
 from framework.config import ConfigError, first_line, from_dict
 from framework.distributed import all_gather_object, init_distributed
+from framework.divergence import TrainingDiverged
 from framework.experiment import (
     check_trained_as,
     check_writable,
@@ -39,7 +40,8 @@ from framework.runtime import (
     resolve_precision,
     seed_everything,
 )
-from framework.trainer import Trainer, TrainerConfig, TrainingDiverged, note
+from framework.trainer import Trainer, note
+from framework.trainer_config import TrainerConfig
 from models.ffn.experts import ExpertsConfig
 from models.flops import ffn_flops, has_flops_formula, relative_ffn_flops
 from models.transformer_xl import TransformerXL, n_params

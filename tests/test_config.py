@@ -111,7 +111,7 @@ def test_dropout_outside_0_1_is_refused(exp, override):
 def test_values_that_would_fail_later_are_refused_first(override, error):
     """What the model or the optimizer would refuse with a traceback (a negative dimension,
     AdamW's 'Invalid learning rate'), or use silently (a negative warmup)."""
-    from framework.trainer import TrainerConfig
+    from framework.trainer_config import TrainerConfig
 
     cfg = compose_cfg([override])
     with pytest.raises(ConfigError) as e:

@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from framework.checkpoint import list_checkpoints, load_checkpoint
-from framework.trainer import Trainer, TrainingDiverged
+from framework.divergence import TrainingDiverged
+from framework.trainer import Trainer
 from tests.helpers import compose_cfg, metrics
 from tests.test_faults import OVERRIDES, RUN
 

@@ -163,7 +163,7 @@ def test_trainer_defaults_are_the_papers():
     """docs/REFERENCE.md "Training": Adam betas (0.9, 0.999), eps 1e-8, no weight decay, lr
     2.5e-4 over 100k steps, clip 0.25, validation every 2000 steps, a checkpoint every 10k;
     the yaml and the dataclass agree (runs read the yaml, direct users the dataclass)."""
-    from framework.trainer import TrainerConfig
+    from framework.trainer_config import TrainerConfig
 
     want = {"steps": 100_000, "lr": 2.5e-4, "betas": [0.9, 0.999], "eps": 1e-8,
             "weight_decay": 0.0, "schedule": "cosine", "grad_clip": 0.25, "val_every": 2000,
