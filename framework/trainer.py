@@ -397,22 +397,22 @@ class Trainer:
         """After a resume: this code trains on, one more version when it is another; and in
         this precision, one more when it is another (trainer.precision=auto: bf16 on a GPU,
         fp32 on a CPU)."""
-        before, now = self.code_fingerprints[-1], code_fingerprint()
-        was, is_ = self.precisions[-1], precision_name(self.amp_dtype)
         if self.is_main:
             tqdm.write(f"resumed from step {self.step} in {self.run_dir}")
-            if before not in (now, UNRECORDED):
-                tqdm.write(f"note: steps up to {self.step} were trained by other code (code "
-                           f"fingerprint {before}, this code's is {now}); results.json will "
-                           f"list both")
-            if was not in (is_, UNRECORDED):
-                tqdm.write(f"note: steps up to {self.step} were trained in {was}, this process "
-                           f"computes in {is_} (trainer.precision={self.cfg.precision} on "
-                           f"{self.device.type}); results.json will list both")
-        if before != now:
-            self.code_fingerprints.append(now)
-        if was != is_:
-            self.precisions.append(is_)
+        self._carry_on(self.code_fingerprints, code_fingerprint(), lambda before, now: (
+            f"were trained by other code (code fingerprint {before}, this code's is {now})"))
+        self._carry_on(self.precisions, precision_name(self.amp_dtype), lambda was, now: (
+            f"were trained in {was}, this process computes in {now} (trainer.precision="
+            f"{self.cfg.precision} on {self.device.type})"))
+
+    def _carry_on(self, legs: list[str], now: str, differs) -> None:
+        """One more entry in `legs` (what trained the run so far) when `now` is another,
+        said unless the earlier one was not recorded."""
+        if self.is_main and legs[-1] not in (now, UNRECORDED):
+            tqdm.write(f"note: steps up to {self.step} {differs(legs[-1], now)}; results.json "
+                       f"will list both")
+        if legs[-1] != now:
+            legs.append(now)
 
     def _validate(self, shown: bool) -> None:
         """The periodic validation of self.step. A signal ends it: the checkpoint comes first
