@@ -32,7 +32,7 @@ from kernels.key_value import key_value
 from kernels.reference import moe_mlp_reference
 from kernels.routing import Routing, make_routing
 from kernels.selector import compute_dtype, selector_logits
-from kernels.torch_path import MAX_WORKERS, cpu_chunks, moe_mlp_torch
+from kernels.torch_path import cpu_chunks, moe_mlp_torch
 
 if TYPE_CHECKING:  # (Triton is optional)
     from kernels.triton_precompile import Precompiled
@@ -195,8 +195,7 @@ def moe_mlp(x_TD, expert_TK, gate_TK, w1_EDG, w2_EGD, hidden_dropout=0.0, traini
     if n_chunks is None:
         # the torch path gives each CPU worker thread a token chunk of its own
         # (kernels/routing.py); on an accelerator (CUDA, MPS) it runs one stream of ops
-        n_chunks = 1 if name != "torch" or x_TD.device.type != "cpu" else (
-            MAX_WORKERS if dropout else cpu_chunks())  # masks independent of the threads
+        n_chunks = cpu_chunks(dropout) if name == "torch" and x_TD.device.type == "cpu" else 1
     # the torch path walks (expert, chunk) blocks, the others (expert, slot) segments
     routing = make_routing(expert_TK, w1_EDG.shape[0], n_chunks,
                            chunks_in_slots=name != "torch")

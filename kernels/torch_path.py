@@ -64,13 +64,17 @@ def _workers() -> int:
 
 
 @torch.compiler.assume_constant_result  # torch.compile: a constant, not a graph break
-def cpu_chunks() -> int:
+def _per_worker() -> int:
+    return _workers()
+
+
+def cpu_chunks(dropout: bool) -> int:
     """Token chunks for `make_routing` on a CPU (kernels/routing.py): one per worker (2x or
     4x more, smaller chunks measured no faster here: only smaller products). With dropout
-    the caller takes MAX_WORKERS whatever the thread count: each chunk draws its masks from
-    a generator of its own, so masks that followed the chunks followed the threads (a run's
-    numbers changed with OMP_NUM_THREADS as much as with its seed); 2% slower on 2 threads."""
-    return _workers()
+    MAX_WORKERS whatever the thread count: each chunk draws its masks from a generator of
+    its own, so masks that followed the chunks followed the threads (a run's numbers
+    changed with OMP_NUM_THREADS as much as with its seed); 2% slower on 2 threads."""
+    return MAX_WORKERS if dropout else _per_worker()
 
 
 def _blocks(off_S: Tensor, E: int, K: int) -> tuple[int, list[int], int]:

@@ -104,7 +104,8 @@ def run(cfg: dict[str, Any], run_dir: Path) -> dict[str, Any] | None:
     # the model's values are checked before the data loads (minutes for C4); its vocabulary
     # is the data's
     model_cfg = build_model_config(cfg, vocab_size=1)
-    check_backend(model_cfg, device, resolve_precision(trainer_cfg.precision, device))
+    amp_dtype = resolve_precision(trainer_cfg.precision, device)
+    check_backend(model_cfg, device, amp_dtype)
     data = load_data(cfg)
     check_split_sizes(data, task_cfg)
     data_record, data_warning = describe_data(data, task_cfg, trainer_cfg.steps)
@@ -134,8 +135,7 @@ def run(cfg: dict[str, Any], run_dir: Path) -> dict[str, Any] | None:
     logger = RunLogger(logger_cfg, run_dir, cfg, cfg.get("name", "run"),
                        dist_info.is_main and mode == "train")
     count = n_params(model)
-    computes = (precision_name(resolve_precision(trainer_cfg.precision, device))
-                if mode == "train" else "fp32")  # evaluation never autocasts
+    computes = precision_name(amp_dtype) if mode == "train" else "fp32"  # eval: no autocast
     if dist_info.is_main:
         tqdm.write(f"run {run_dir} | {cfg.get('name')} | {count / 1e6:.2f}M params | "
                    f"ffn={model_cfg.ffn_kind} | seed={trainer_cfg.seed} | device={device} | "
