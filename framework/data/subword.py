@@ -98,13 +98,13 @@ def train_spm(texts: Iterable[str], s: SpmSettings, out: Path, desc: str = "") -
             raise failed[0] from None
         raise DataError(f"{desc}: SentencePiece training failed: {e}") from None
     log.info("%s: SentencePiece model trained in %.1f s", desc, time.time() - started[-1])
-    model = io.BytesIO(without_thread_count(model.getvalue()))
-    pieces = spm.SentencePieceProcessor(model_proto=model.getvalue()).get_piece_size()
+    proto = without_thread_count(model.getvalue())
+    pieces = spm.SentencePieceProcessor(model_proto=proto).get_piece_size()
     if pieces < s.vocab_size:  # hard_vocab_limit=False: what the text supports, silently
         log.warning("%s: the train text gives only %d of the dataset.vocab_size=%d pieces "
                     "asked; the model uses those (more text, or a smaller vocab_size, to "
                     "match)", desc, pieces, s.vocab_size)
-    out.write_bytes(model.getvalue())
+    out.write_bytes(proto)
 
 
 def without_thread_count(model: bytes) -> bytes:
