@@ -52,6 +52,11 @@ except ImportError as err:  # pragma: no cover - depends on the install
 
 BACKENDS = ("auto", "triton", "triton_unfused", "grouped_mm", "torch", "reference")
 _TRITON_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+# ROCm's torch calls its GPUs "cuda" too. The kernels' products ask for input_precision
+# "tf32" (which AMD's Triton allows on gfx942 only: a compile error elsewhere), their tiles
+# are pruned to an H100's shared memory (AMD's LDS is 64 KB) and none ran on an AMD GPU.
+ROCM_PROBLEM = ("ROCm: the Triton kernels are built and tuned for NVIDIA GPUs and untested "
+                "on AMD (use backend grouped_mm or torch)")
 
 
 def backend_problem(backend: str, x_TD: torch.Tensor, w1_EDG: torch.Tensor,
@@ -63,6 +68,8 @@ def backend_problem(backend: str, x_TD: torch.Tensor, w1_EDG: torch.Tensor,
         if not (x_TD.is_cuda or TRITON_INTERPRET):
             return ("it needs CUDA tensors, or TRITON_INTERPRET=1 set before `kernels` is "
                     "imported (CPU tests)")
+        if x_TD.is_cuda and torch.version.hip:
+            return ROCM_PROBLEM
         if x_TD.dtype not in _TRITON_DTYPES:
             return f"dtype {x_TD.dtype} (needs float32, float16 or bfloat16)"
         if backend == "triton" and dropout:
@@ -118,8 +125,9 @@ def topk(s_TE: torch.Tensor, k: int, backend: str = "auto"):
 
 def relshift_available(bd_HBTP: torch.Tensor) -> bool:
     """Whether models/attention.py's relative shift runs on the Triton kernels of
-    kernels/triton_relshift.py (CUDA with Triton; torch.where on the strided view else)."""
-    return HAS_TRITON and bd_HBTP.is_cuda
+    kernels/triton_relshift.py (NVIDIA CUDA with Triton; torch.where on the strided view
+    else)."""
+    return HAS_TRITON and bd_HBTP.is_cuda and not torch.version.hip
 
 
 def selection_backend(moe_backend: str) -> str:

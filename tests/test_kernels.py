@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -366,6 +367,17 @@ def test_triton_backend_refused_on_cpu_without_interpreter(monkeypatch):
     monkeypatch.setattr(kernels, "HAS_TRITON", True)
     with pytest.raises(ValueError, match="CUDA tensors"):
         kernels.resolve_backend("triton", torch.zeros(3, 8), torch.zeros(2, 8, 8))
+
+
+def test_triton_kernels_refused_on_rocm(monkeypatch):
+    # ROCm's torch calls its GPUs "cuda": its Triton rejects the products' "tf32" precision
+    # on every AMD GPU but gfx942 (a compile error, found by compiling for gfx90a)
+    monkeypatch.setattr(kernels, "HAS_TRITON", True)
+    monkeypatch.setattr(torch.version, "hip", "6.4.0")
+    gpu_tensor = SimpleNamespace(is_cuda=True, dtype=torch.bfloat16)
+    for backend in ("triton", "triton_unfused"):
+        assert kernels.backend_problem(backend, gpu_tensor, None) == kernels.ROCM_PROBLEM
+    assert not kernels.relshift_available(gpu_tensor)
 
 
 @pytest.mark.skipif(not kernels.HAS_TRITON, reason="needs Triton")
