@@ -80,12 +80,22 @@ def _slots(off_S: torch.Tensor, n_exp: int, n_chunks: int) -> int:
 def _on_tensor_device(launch):
     """Triton launches on the current CUDA device, not on its tensors' (cuda:1 tensors with
     cuda:0 current: "Pointer argument cannot be accessed from Triton"): make theirs current
-    for the call, whoever calls (a run on cuda:N, analyze.py --device cuda:N)."""
+    for the call, whoever calls (a run on cuda:N, analyze.py --device cuda:N).
+
+    The kernels index the 1-D tensors (tok, off, order, gate / scale) as `ptr + i`: a
+    strided view (`gate_TK.reshape(-1)` of a non-contiguous gate is one) would be read
+    wrong, so each is made contiguous (no copy for the usual contiguous one)."""
     @functools.wraps(launch)
     def run(a, *args, **kwargs):
+        args = [t.contiguous() if _is_vector(t) else t for t in args]
+        kwargs = {k: t.contiguous() if _is_vector(t) else t for k, t in kwargs.items()}
         with torch.cuda.device(a.device) if a.is_cuda else contextlib.nullcontext():
             return launch(a, *args, **kwargs)
     return run
+
+
+def _is_vector(t) -> bool:
+    return isinstance(t, torch.Tensor) and t.dim() == 1
 
 
 @_on_tensor_device
@@ -159,6 +169,7 @@ def scatter_mm(a_RK, w_EKN, tok_R, off_S, n_tokens, scale=None, order_R=None, n_
 # 88-100 us on the benchmark's uniform routing). Near-even routing stays in one chunk per
 # expert, written directly, as before.
 WGRAD_CHUNK = 1.25
+MAX_GRID_Y = 65535  # CUDA's largest grid along its second axis
 
 
 def wgrad_chunk_rows(n_rows: int, n_exp: int) -> int:
@@ -170,10 +181,18 @@ def wgrad_chunk_rows(n_rows: int, n_exp: int) -> int:
 def wgrad(a, b, tok_R, off_S, n_exp, gather_a, gather_b, dtype=None, chunk_rows=None):
     """dW[e] = sum_{r of e} A[ia_r]^T B[ib_r] -> dW [E, a.shape[1], b.shape[1]].
     chunk_rows: the most rows one program walks (default `wgrad_chunk_rows`); an expert
-    with more is summed in fp32 partials, reduced in a fixed order (deterministic)."""
+    with more is summed in fp32 partials, reduced in a fixed order (deterministic).
+    Memory: the partials' fp32 workspace is sized for the worst routing, 2R / chunk_rows + 1
+    tiles of M x N, about 1.6 E at the default chunk (1.6x an fp32 dW, 3.2x a bf16 one),
+    held for the call: the layer's backward runs its two wgrads one after the other."""
     M, N = a.shape[1], b.shape[1]
     R = tok_R.numel()
-    chunk_rows = chunk_rows or wgrad_chunk_rows(R, n_exp)
+    if n_exp >= MAX_GRID_Y:
+        raise ValueError(f"wgrad: {n_exp} experts; the kernel's grid holds fewer than "
+                         f"{MAX_GRID_Y}")
+    # a work item a chunk, one more an expert, on the grid's second axis: CUDA's limit
+    # bounds them, so a small chunk_rows with many rows gets larger chunks
+    chunk_rows = max(chunk_rows or wgrad_chunk_rows(R, n_exp), cdiv(R, MAX_GRID_Y - n_exp))
     dw = torch.empty(n_exp, M, N, dtype=dtype or a.dtype, device=a.device)
     # an expert of n > 1 chunks has more than (n - 1) * chunk_rows rows: at most 2R / chunk
     # partials in all, and at most R / chunk items more than there are experts

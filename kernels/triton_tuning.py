@@ -217,6 +217,10 @@ def graph_bench(kernel_call, quantiles):
     import torch
     from triton.testing import do_bench, do_bench_cudagraph
 
+    if torch.cuda.is_current_stream_capturing():  # a sync would break the capture
+        raise RuntimeError("autotune: a kernel shape was first launched inside a CUDA-graph "
+                           "capture, where its configs cannot be timed; run the same "
+                           "shapes once before capturing (a warm-up step)")
     torch.cuda.synchronize()
     try:
         return do_bench_cudagraph(kernel_call, rep=GRAPH_BENCH_REP_MS, quantiles=quantiles)

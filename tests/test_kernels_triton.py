@@ -262,6 +262,25 @@ def test_triton_ops_refuse_routings_they_cannot_run():
         triton_launch.gather_mm(case["x_TD"], case["w1_EDG"], one.tok_R, one.off_S, n_chunks=3)
 
 
+def test_fused_ops_read_strided_gates_and_routing():
+    # the kernels read 1-D tensors as ptr + i: the ops are public (torch.ops.sigma_moe),
+    # and reshape(-1) of a strided [T, K] gate is a strided view, not a copy
+    case = random_case(T=9, D=16, E=3, G=16, K=2, device=DEVICE)
+    r = make_routing(case["expert_TK"], 3, chunks_in_slots=True)
+    gate = torch.rand(9, 4, device=DEVICE)[:, ::2]
+    tok = torch.stack([r.tok_R, r.tok_R], 1)[:, 0]  # stride 2
+    x, w1, w2 = case["x_TD"], case["w1_EDG"], case["w2_EGD"]
+    ops = torch.ops.sigma_moe
+    y, h = ops.fused_fwd(x, gate, w1, w2, tok, r.order_R, r.off_S, 1)
+    y_ref, h_ref = ops.fused_fwd(x, gate.contiguous(), w1, w2, r.tok_R, r.order_R, r.off_S, 1)
+    assert torch.equal(y, y_ref) and torch.equal(h, h_ref)
+    gy = torch.randn_like(y)
+    grads = ops.fused_bwd(gy, x, gate, w1, w2, tok, r.order_R, r.off_S, 1, h)
+    grads_ref = ops.fused_bwd(gy, x, gate.contiguous(), w1, w2, r.tok_R, r.order_R, r.off_S,
+                              1, h)
+    assert all(torch.equal(a, b) for a, b in zip(grads, grads_ref))
+
+
 @pytest.mark.parametrize("backend", ["triton", "triton_unfused"])
 def test_weight_grad_is_deterministic(backend):
     case = random_case(T=37, D=16, E=3, G=16, K=2, device=DEVICE, n_unused=0)  # 2 tiles/slot

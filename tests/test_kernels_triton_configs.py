@@ -204,6 +204,7 @@ def test_autotune_times_graph_replays_after_the_callers_kernels(monkeypatch):
 
     calls = []
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: calls.append("sync"))
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
     monkeypatch.setattr(triton.testing, "do_bench_cudagraph",
                         lambda fn, rep, quantiles: calls.append(("graphs", fn, rep, quantiles))
                         or [1.0, 0.9, 1.1])
@@ -223,6 +224,12 @@ def test_autotune_times_graph_replays_after_the_callers_kernels(monkeypatch):
     with pytest.warns(UserWarning, match="CUDA-graph replays failed .*stream is capturing"):
         assert triton_tuning.graph_bench(launch, quantiles=(0.5,)) == [2.0, 1.9, 2.1]
     assert calls == ["sync", "sync", ("events", launch)]
+    # first launched inside a capture (no warm-up): said so, not a capture broken by a sync
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    calls.clear()
+    with pytest.raises(RuntimeError, match="inside a CUDA-graph capture.*warm-up"):
+        triton_tuning.graph_bench(launch, quantiles=(0.5,))
+    assert calls == []
 
 
 def test_host_arithmetic_is_tritons():

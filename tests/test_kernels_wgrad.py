@@ -71,6 +71,26 @@ def test_wgrad_in_chunks_matches_reference(chunk_rows, gather_a, dtype):
     assert torch.equal(triton_launch.wgrad(*args, chunk_rows=chunk_rows), got)
 
 
+def test_wgrad_grid_stays_within_cuda_limit(monkeypatch):
+    """More chunks than CUDA's grid holds on its second axis (65535; here 9): larger chunks,
+    the same sums."""
+    T, E, K, M, N = 41, 6, 2, 8, 8
+    routing = make_routing(skewed_experts(T, E, K).to(DEVICE), E)
+    a, b = torch.randn(T, M, device=DEVICE), torch.randn(T * K, N, device=DEVICE)
+    args = (a, b, routing.tok_R, routing.off_S, E, True, False)
+    monkeypatch.setattr(triton_launch, "MAX_GRID_Y", E + 3)
+    grids = []
+    launch = triton_launch.launch_kernel
+    monkeypatch.setattr(triton_launch, "launch_kernel", lambda kernel, grid, *a, **kw: (
+        grids.append(grid({"BLOCK_M": 16, "BLOCK_N": 16})), launch(kernel, grid, *a, **kw)))
+    got = triton_launch.wgrad(*args, chunk_rows=5)  # 16 chunks of 5 rows asked for
+    assert grids[0][1] <= E + 3
+    assert rel_err(got.cpu(), wgrad_reference(a, b, routing, E, True, False)) <= 1e-5
+    with pytest.raises(ValueError, match="6 experts"):
+        monkeypatch.setattr(triton_launch, "MAX_GRID_Y", E)
+        triton_launch.wgrad(*args)
+
+
 def test_default_chunk_is_a_quarter_above_the_mean():
     assert triton_launch.wgrad_chunk_rows(32768 * 4, 32) == 5120  # WT-B's layer
     assert triton_launch.wgrad_chunk_rows(10, 3) == 64
