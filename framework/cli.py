@@ -141,6 +141,10 @@ def prepare_argv(argv: list[str]) -> None:
     """Add `+exp=mini_moe` when no experiment is named; refuse an unknown one early.
 
     Multirun sweeps (`-m`, `+sweep=...`) name their experiments themselves."""
+    if not CONFIGS.is_dir():  # the code without its clone: `pip install .` copies no configs
+        _refuse(f"no configs/ at {CONFIGS}: run.py runs from a clone of this repository, "
+                f"installed with `pip install -e .` there (a plain `pip install .` leaves the "
+                f"configs behind)")
     exps = [a.split("=", 1)[1] for a in argv[1:] if a.lstrip("+").startswith("exp=")]
     multirun = any(a in ("-m", "--multirun") for a in argv[1:])
     sweeps = [a.split("=", 1)[1] for a in argv[1:] if a.lstrip("+").startswith("sweep=")]

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import importlib.metadata
+import platform
 import subprocess
 from pathlib import Path
 
@@ -75,3 +77,18 @@ def code_version(trained_with: list[str] | None = None) -> dict[str, object]:
     that trained the run (from its checkpoints; only this one when none is given)."""
     now = code_fingerprint()
     return {"fingerprint": now, "git": git_commit(), "trained_with": trained_with or [now]}
+
+
+LIBRARIES = ("torch", "triton", "numpy", "sentencepiece")  # what moves a run's numbers
+
+
+def library_versions() -> dict[str, str | None]:
+    """results.json's `libraries`: Python's version and those of LIBRARIES (None: not
+    installed). The dependencies have open upper bounds: a run says what it ran with."""
+    def version(name: str) -> str | None:
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            return None
+
+    return {"python": platform.python_version(), **{n: version(n) for n in LIBRARIES}}

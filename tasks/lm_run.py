@@ -20,7 +20,7 @@ from tqdm import tqdm
 
 import kernels
 from framework.checkpoint import atomic_write_bytes, list_checkpoints, load_latest
-from framework.code_version import code_version
+from framework.code_version import code_version, library_versions
 from framework.config import ConfigError, first_line, from_dict
 from framework.distributed import all_gather_object, init_distributed
 from framework.divergence import TrainingDiverged
@@ -176,6 +176,7 @@ def run(cfg: dict[str, Any], run_dir: Path) -> dict[str, Any] | None:
                                    "train_seconds": round(trainer.train_seconds, 1),
                                    "peak_rss_mb": round(peak_rss, 1),
                                    "code": code_version(trainer.code_fingerprints),
+                                   "libraries": library_versions(),  # of the last leg
                                    "precision": trainer.precisions,  # of the training
                                    "data": data_record,
                                    # how valid/test were evaluated (mode=eval may change it)

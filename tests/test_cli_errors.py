@@ -97,6 +97,18 @@ def test_a_bad_command_line_is_said_by_rank_0(monkeypatch, capsys, env, said):
     assert bool(capsys.readouterr().err) == said
 
 
+def test_code_without_its_configs_says_how_to_install(monkeypatch, capsys, tmp_path):
+    """A plain `pip install .` copies the packages, not configs/ (nor run.py)."""
+    from framework import cli
+
+    monkeypatch.setattr(cli, "CONFIGS", tmp_path / "site-packages" / "configs")
+    with pytest.raises(SystemExit) as e:
+        cli.prepare_argv(["run.py"])
+    err = capsys.readouterr().err
+    assert e.value.code == 1 and err.count("\n") == 1
+    assert "no configs/ at" in err and "pip install -e ." in err
+
+
 @pytest.mark.parametrize("code", ["EACCES", "EPERM", "EROFS", "ENOSPC", "EDQUOT"])
 def test_which_os_errors_the_user_fixes_outside_the_code(code):
     import errno

@@ -4,6 +4,7 @@ import shutil
 import subprocess
 
 import pytest
+import torch
 
 from framework.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
 from framework.code_version import UNRECORDED, code_fingerprint, git_commit
@@ -156,3 +157,15 @@ def test_code_version_without_checkpoints_lists_this_code():
     now = code_fingerprint()
     assert code_version()["trained_with"] == [now] == code_version([])["trained_with"]
     assert code_version(["a", now])["trained_with"] == ["a", now]
+
+
+def test_library_versions_name_python_and_what_moves_numbers(monkeypatch):
+    import platform
+
+    from framework import code_version as cv
+
+    got = cv.library_versions()
+    assert got["python"] == platform.python_version() and got["torch"] == torch.__version__
+    assert set(got) == {"python", *cv.LIBRARIES}
+    monkeypatch.setattr(cv, "LIBRARIES", ("no-such-distribution",))
+    assert cv.library_versions()["no-such-distribution"] is None

@@ -2,6 +2,7 @@
 resuming: tests/test_resume.py)."""
 import json
 import math
+import platform
 
 import pytest
 import torch
@@ -35,6 +36,8 @@ def test_loss_decreases_on_enwik_mini(tmp_path):
     assert res["valid"]["bpc"] == pytest.approx(res["valid"]["loss"] / 0.6931471805599453)
     saved = json.loads((tmp_path / "results.json").read_text())
     assert saved["test"]["bpc"] == res["test"]["bpc"] and saved["n_params"] > 0
+    assert saved["libraries"]["torch"] == torch.__version__  # the installed distribution's
+    assert saved["libraries"]["python"] == platform.python_version()
     assert len(saved["valid_routing"]) == 2 and len(saved["valid_routing"][0]["expert_share"]) == 4
 
 
