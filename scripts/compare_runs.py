@@ -27,15 +27,12 @@ from typing import Any
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from scripts.run_files import as_seed, read_result, real, run_roots  # noqa: E402
 from scripts.run_results import (  # noqa: E402
-    as_seed,
     other_overrides,
     ours_text,
     print_out,
-    read_result,
-    real,
     run_overrides,
-    run_roots,
 )
 
 

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from scripts.run_files import real, run_roots  # noqa: E402
 from scripts.run_results import (  # noqa: E402
     Skipped,
     by_experiment,
@@ -48,8 +49,6 @@ from scripts.run_results import (  # noqa: E402
     ours_text,
     overridden_runs,
     print_out,
-    real,
-    run_roots,
 )
 from scripts.run_versions import (  # noqa: E402
     code_versions,

@@ -40,6 +40,7 @@ from omegaconf.errors import OmegaConfBaseException
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from framework.config import chosen_groups, first_line  # noqa: E402
 from scripts.flops_table import config_relative_flops, format_percent  # noqa: E402
+from scripts.run_files import real, run_roots  # noqa: E402
 from scripts.run_results import (  # noqa: E402
     OVERRIDDEN,
     Run,
@@ -53,8 +54,6 @@ from scripts.run_results import (  # noqa: E402
     ours_text,
     overridden_runs,
     print_out,
-    real,
-    run_roots,
 )
 from scripts.run_versions import (  # noqa: E402
     code_versions,

@@ -1,8 +1,9 @@
 """Finished runs and their per-seed summary, shared by scripts/paper_tables.py and
 scripts/mini_claims.py.
 
-A run directory (anything under the given roots holding a results.json) belongs to the
-experiment whose `name` it records (configs/exp/<name>.yaml); its seed is results["seed"].
+A run directory (anything under the given roots holding a results.json that
+scripts/run_files.py finds and can read) belongs to the experiment whose `name` it records
+(configs/exp/<name>.yaml); its seed is results["seed"].
 It counts as a seed of that experiment only if it trained the experiment's config as the
 file says now: the `config_hash` its results.json records must be one of the hashes of
 `+exp=<name> trainer.seed=<seed>` (framework/experiment.py `run_hashes`; composed here
@@ -29,8 +30,6 @@ tokens (the sha256s a run records) when its counted runs read more than one.
 """
 from __future__ import annotations
 
-import json
-import math
 import os
 import re
 import shutil
@@ -46,6 +45,9 @@ from typing import Any
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # `python scripts/run_results.py` says which script to run
+from scripts.run_files import as_seed, read_result, real  # noqa: E402
+
 SEED_KEYS = {"trainer.seed"}
 
 
@@ -224,65 +226,6 @@ class Judge:
                     f"{name} with overrides {','.join(extra)} (--all-overrides counts it)"
                     ), ",".join(extra)
         return why, ""
-
-
-def run_roots(given: list[Path] | None, default: Path) -> list[Path]:
-    """The --runs roots: each given one must be a directory (a typo would list every run as
-    missing); the default may not exist yet (nothing has run: the tables say what to run),
-    or the script was started from another directory: a note says so."""
-    for root in given or ():
-        if not root.is_dir():
-            sys.exit(f"error: --runs {root} is not a directory")
-        if next(root.rglob("results.json"), None) is None:  # a wrong directory, or none yet
-            print(f"note: no finished run (results.json) under --runs {root}: the tables "
-                  f"below are empty for it", file=sys.stderr)
-    if not given and not default.is_dir():
-        print(f"note: no {default}/ in {Path.cwd()}; if runs exist elsewhere, point --runs at "
-              f"their directory", file=sys.stderr)
-    return given or [default]
-
-
-def real(x: Any) -> int | float | None:
-    """x when it is a finite number (not a bool), else None: a hand-edited or diverged
-    field ("41M", NaN) must not reach a mean, where it fails or spreads."""
-    ok = isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
-    return x if ok else None
-
-
-def as_seed(x: Any) -> int | None:
-    """A recorded seed as an int ("0" from a hand-edited file is seed 0, not another
-    seed); None when it is not one."""
-    if isinstance(x, str) and re.fullmatch(r"-?\d+", x.strip()):
-        return int(x)
-    return x if isinstance(x, int) and not isinstance(x, bool) else None
-
-
-def _unreadable(res: Any) -> str | None:
-    """What makes a parsed results.json unusable (None: it holds a finite number for the
-    metric in valid and test, and an integer seed); a table would fail or mislead on it."""
-    if not isinstance(res, dict) or not isinstance(res.get("metric"), str):
-        return "no 'metric'"
-    for split in ("valid", "test"):
-        values = res.get(split)
-        value = values.get(res["metric"]) if isinstance(values, dict) else None
-        if value is None:
-            return f"{split} has no number {res['metric']!r}"
-        if real(value) is None:
-            return f"{split} has no finite number {res['metric']!r} (it has {value!r})"
-    if not res.get("name"):
-        return "no experiment 'name'"
-    if "seed" in res and as_seed(res["seed"]) is None:
-        return f"seed {res['seed']!r} is not an integer"
-    return None
-
-
-def read_result(path: Path) -> dict[str, Any] | str:
-    """A results.json, or why it cannot be used."""
-    try:
-        res = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        return f"not JSON ({type(e).__name__})"
-    return _unreadable(res) or res
 
 
 def find_runs(roots: list[Path], exp_dir: Path, all_overrides: bool = False

@@ -7,14 +7,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from scripts.run_results import (  # noqa: E402
-    Judge,
-    Run,
-    Skipped,
-    as_seed,
-    compose_experiments,
-    real,
-)
+from scripts.run_files import as_seed, real  # noqa: E402
+from scripts.run_results import Judge, Run, Skipped, compose_experiments  # noqa: E402
 
 
 def wandb_runs(project: str, exp_dir: Path, all_overrides: bool = False

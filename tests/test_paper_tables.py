@@ -348,6 +348,7 @@ def test_flags_that_would_be_ignored_are_refused(argv, error, tmp_path, capsys):
 @pytest.mark.parametrize("library, use", [
     ("flops_table", "scripts/paper_tables.py --table flops"),
     ("run_results", "scripts/paper_tables.py` or `python scripts/mini_claims.py"),
+    ("run_files", "scripts/mini_claims.py` or `python scripts/compare_runs.py"),
     ("run_versions", "scripts/paper_tables.py` and `python scripts/mini_claims.py"),
     ("bench_common", "scripts/bench_moe.py` or `python scripts/bench_train.py"),
     ("bench_roofline", "scripts/bench_moe.py"),
