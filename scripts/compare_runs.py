@@ -27,7 +27,13 @@ from typing import Any
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from scripts.run_files import as_seed, read_result, real, run_roots  # noqa: E402
+from scripts.run_files import (  # noqa: E402
+    as_seed,
+    read_result,
+    real,
+    results_files,
+    run_roots,
+)
 from scripts.run_results import (  # noqa: E402
     other_overrides,
     ours_text,
@@ -60,24 +66,23 @@ def config_without_seed(run_dir: Path) -> str:
 def find(roots: list[Path], names: list[str]) -> dict[Row, dict[Any, dict[str, Any]]]:
     """Row -> seed -> the newest results.json of that seed (with its run_dir and mtime)."""
     rows: dict[Row, dict[Any, dict[str, Any]]] = {}
-    for root in roots:
-        for path in sorted(root.rglob("results.json")):
-            res = read_result(path)
-            if isinstance(res, str):
-                print(f"warning: {path}: unreadable results.json ({res})", file=sys.stderr)
-                continue
-            name = str(res["name"])
-            if names and not any(fnmatch.fnmatchcase(name, pat) for pat in names):
-                continue
-            run_dir = path.parent
-            over = run_overrides(run_dir, name)
-            # a directory chosen by hand (hydra.run.dir=...): its name is all we know of it
-            extra = other_overrides(over) if over is not None else [f"dir {run_dir.name}"]
-            row = Row(name, ",".join(extra), config_without_seed(run_dir), res["metric"])
-            seeds = rows.setdefault(row, {})
-            seed, mtime = as_seed(res.get("seed")), path.stat().st_mtime
-            if seed not in seeds or mtime > seeds[seed]["mtime"]:
-                seeds[seed] = {**res, "run_dir": str(run_dir), "mtime": mtime}
+    for path in results_files(roots):
+        res = read_result(path)
+        if isinstance(res, str):
+            print(f"warning: {path}: unreadable results.json ({res})", file=sys.stderr)
+            continue
+        name = str(res["name"])
+        if names and not any(fnmatch.fnmatchcase(name, pat) for pat in names):
+            continue
+        run_dir = path.parent
+        over = run_overrides(run_dir, name)
+        # a directory chosen by hand (hydra.run.dir=...): its name is all we know of it
+        extra = other_overrides(over) if over is not None else [f"dir {run_dir.name}"]
+        row = Row(name, ",".join(extra), config_without_seed(run_dir), res["metric"])
+        seeds = rows.setdefault(row, {})
+        seed, mtime = as_seed(res.get("seed")), path.stat().st_mtime
+        if seed not in seeds or mtime > seeds[seed]["mtime"]:
+            seeds[seed] = {**res, "run_dir": str(run_dir), "mtime": mtime}
     return rows
 
 

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import sys
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,13 +20,39 @@ def run_roots(given: list[Path] | None, default: Path) -> list[Path]:
     for root in given or ():
         if not root.is_dir():
             sys.exit(f"error: --runs {root} is not a directory")
-        if next(root.rglob("results.json"), None) is None:  # a wrong directory, or none yet
+        if next(_walk(root, set()), None) is None:  # a wrong directory, or none yet
             print(f"note: no finished run (results.json) under --runs {root}: the tables "
                   f"below are empty for it", file=sys.stderr)
     if not given and not default.is_dir():
         print(f"note: no {default}/ in {Path.cwd()}; if runs exist elsewhere, point --runs at "
               f"their directory", file=sys.stderr)
     return given or [default]
+
+
+def results_files(roots: Iterable[Path]) -> Iterator[Path]:
+    """Every results.json under the roots, each root's sorted. Directory links are followed
+    (`runs/sweeps` on a scratch disk: Path.rglob does not follow them, and those runs were
+    missing without a word); a directory or file reached again (`--runs runs runs/sweeps`, a
+    link back up the tree) is not read twice: its runs, notes and warnings came twice."""
+    seen: set[str] = set()  # resolved directories walked
+    files: set[str] = set()  # resolved results.json files yielded (a linked file)
+    for root in roots:
+        for path in sorted(_walk(root, seen)):
+            if (real_path := os.path.realpath(path)) not in files:
+                files.add(real_path)
+                yield path
+
+
+def _walk(root: Path, seen: set[str]) -> Iterator[Path]:
+    """The results.json files under root, following directory links, skipping (and adding
+    to `seen`) the resolved directories in it; a missing or unreadable one yields nothing."""
+    for top, dirs, names in os.walk(root, followlinks=True):
+        if (real_top := os.path.realpath(top)) in seen:
+            dirs[:] = []  # walked already: by another root, or this is a link loop
+            continue
+        seen.add(real_top)
+        if "results.json" in names:
+            yield Path(top) / "results.json"
 
 
 def real(x: Any) -> int | float | None:

@@ -46,7 +46,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # `python scripts/run_results.py` says which script to run
-from scripts.run_files import as_seed, read_result, real  # noqa: E402
+from scripts.run_files import as_seed, read_result, real, results_files  # noqa: E402
 
 SEED_KEYS = {"trainer.seed"}
 
@@ -234,14 +234,13 @@ def find_runs(roots: list[Path], exp_dir: Path, all_overrides: bool = False
     the ones left out, with why. An unreadable file, and runs that record no config_hash,
     also get a warning on stderr."""
     found, skipped = [], []
-    for root in roots:
-        for path in sorted(root.rglob("results.json")) if root.is_dir() else []:
-            res = read_result(path)
-            if isinstance(res, str):
-                skipped.append(Skipped(path, None, f"unreadable results.json ({res})"))
-                print(f"warning: {skipped[-1]}", file=sys.stderr)
-            else:
-                found.append((path, res))
+    for path in results_files(roots):
+        res = read_result(path)
+        if isinstance(res, str):
+            skipped.append(Skipped(path, None, f"unreadable results.json ({res})"))
+            print(f"warning: {skipped[-1]}", file=sys.stderr)
+        else:
+            found.append((path, res))
     judge = Judge(exp_dir, compose_experiments(exp_dir, (str(r.get("name")) for _, r in found)),
                   all_overrides)
     runs, unchecked, unknown = [], [], {}

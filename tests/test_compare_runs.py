@@ -105,3 +105,17 @@ def test_nothing_found_is_one_line(tmp_path):
     with pytest.raises(SystemExit) as e:
         compare_runs.main(["--runs", str(tmp_path / "nope")])
     assert e.value.code == f"error: --runs {tmp_path / 'nope'} is not a directory"
+
+
+def test_runs_behind_a_directory_link_count_once(tmp_path):
+    """Path.rglob does not follow directory links: `--runs runs` with runs/sweeps on a
+    scratch disk found no run at all; a link back up the tree must not walk forever."""
+    finished(tmp_path / "scratch" / "glu" / "trainer.seed=0", "glu", 0, 1.0)
+    finished(tmp_path / "scratch" / "glu" / "trainer.seed=1", "glu", 1, 1.2)
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    (runs / "sweeps").symlink_to(tmp_path / "scratch", target_is_directory=True)
+    (tmp_path / "scratch" / "up").symlink_to(tmp_path, target_is_directory=True)  # a loop
+    text = compare_runs.main(["--runs", str(runs)])
+    assert text.splitlines()[2] == \
+        "| glu | — | 0,1 | bpc | 1.200 ± 0.141 (n=2) | 1.100 ± 0.141 (n=2) | 2.00M |"

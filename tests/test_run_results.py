@@ -223,3 +223,27 @@ def test_precisions_are_listed_when_the_counted_runs_differ():
     assert t.precision == ["bf16: 1 run", "fp32: x seed 1"]
     assert ("Precisions (results.json `precision`" in paper_tables.render_markdown(t)
             and "% precision: fp32: x seed 1" in paper_tables.render_latex(t))
+
+
+def test_runs_behind_a_directory_link_are_found_once(exps, tmp_path, capsys):
+    """Path.rglob does not follow directory links: runs/sweeps -> a scratch disk held no run.
+    Overlapping roots (`--runs runs runs/plain`) listed each note and warning twice; a link
+    back up the tree must not walk forever."""
+    scratch = tmp_path / "scratch" / "tiny_moe"
+    fake_run(scratch / "trainer.seed=0", exps, 0, 3.0, name="tiny_moe")
+    fake_run(scratch / "trainer.seed=2", exps, 2, 3.1, name="tiny_moe", config_hash=None)
+    runs = tmp_path / "runs"
+    fake_run(runs / "plain" / "tiny_moe" / "trainer.seed=1", exps, 1, 3.2, name="tiny_moe",
+             config_hash="deadbeef")
+    (runs / "sweeps").symlink_to(tmp_path / "scratch", target_is_directory=True)
+    (scratch / "loop").symlink_to(runs, target_is_directory=True)
+    found, skipped = run_results.find_runs([runs, runs / "plain"], exps)
+    assert [(r.seed, r.source) for r in found] == [
+        (0, str(runs / "sweeps" / "tiny_moe" / "trainer.seed=0")),
+        (2, str(runs / "sweeps" / "tiny_moe" / "trainer.seed=2"))]
+    assert [s.path for s in skipped] == [runs / "plain" / "tiny_moe" / "trainer.seed=1"]
+    assert capsys.readouterr().err.count("record no config_hash") == 1
+    text = paper_tables.main(["--exp-dir", str(exps), "--runs", str(runs), str(runs / "plain"),
+                              "--table", "moe"])
+    assert "| 3.050 ± 0.071 (n=2) / 2.90" in moe_cell(text)
+    assert text.count("trainer.seed=1: config differs") == 1
