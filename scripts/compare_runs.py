@@ -51,12 +51,13 @@ class Row:
 
 
 def config_without_seed(run_dir: Path) -> str:
-    """framework.experiment.config_hash of the run's config.yaml with the seed unset."""
+    """framework.experiment.config_hash of the run's config.yaml with the seed unset; ''
+    when it cannot be read (not UTF-8: a UnicodeDecodeError is a ValueError)."""
     from framework.experiment import config_hash
 
     try:
         cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
-    except (OSError, yaml.YAMLError):
+    except (OSError, ValueError, yaml.YAMLError):
         return ""
     if not isinstance(cfg, dict):
         return ""

@@ -105,12 +105,13 @@ def run_overrides(run_dir: Path, name: str) -> str | None:
 
 def recorded_overrides(run_dir: Path) -> str | None:
     """The uncut overrides of its directory's name that a run recorded
-    (framework/run_dirs.py `write_overrides`); None for a run from before it did."""
+    (framework/run_dirs.py `write_overrides`); None for a run from before it did, or a
+    record that cannot be read (not UTF-8: a UnicodeDecodeError is a ValueError)."""
     from framework.cli import OVERRIDES
 
     try:
         record = yaml.safe_load((run_dir / OVERRIDES).read_text())
-    except (OSError, yaml.YAMLError):
+    except (OSError, ValueError, yaml.YAMLError):
         return None
     dirname = record.get("dirname") if isinstance(record, dict) else None
     return dirname if isinstance(dirname, str) else None

@@ -119,3 +119,18 @@ def test_runs_behind_a_directory_link_count_once(tmp_path):
     text = compare_runs.main(["--runs", str(runs)])
     assert text.splitlines()[2] == \
         "| glu | — | 0,1 | bpc | 1.200 ± 0.141 (n=2) | 1.100 ± 0.141 (n=2) | 2.00M |"
+
+
+def test_records_that_are_not_utf8_are_read_as_missing(tmp_path):
+    """A UnicodeDecodeError is a ValueError, not an OSError or YAMLError: a traceback. The
+    run counts as one whose config.yaml and overrides record are gone."""
+    from framework.cli import OVERRIDES
+
+    runs = tmp_path / "runs"
+    finished(runs / "glu" / "trainer.seed=0", "glu", 0, 1.0)
+    finished(runs / "glu" / "trainer.seed=1", "glu", 1, 1.2)
+    (runs / "glu" / "trainer.seed=1" / OVERRIDES).write_bytes(b'dirname: "\xff"\n')
+    (runs / "glu" / "trainer.seed=1" / "config.yaml").write_bytes(b"name: glu\n# \xff\n")
+    lines = compare_runs.main(["--runs", str(runs)]).splitlines()
+    assert [line.split(" | ")[2:4] for line in lines[2:4]] == [["?", "1"], [
+        compare_runs.config_without_seed(runs / "glu" / "trainer.seed=0"), "0"]]

@@ -247,3 +247,17 @@ def test_runs_behind_a_directory_link_are_found_once(exps, tmp_path, capsys):
                               "--table", "moe"])
     assert "| 3.050 ± 0.071 (n=2) / 2.90" in moe_cell(text)
     assert text.count("trainer.seed=1: config differs") == 1
+
+
+def test_an_overrides_record_that_is_not_utf8_falls_back_to_the_directory_name(exps, tmp_path):
+    """A UnicodeDecodeError is a ValueError, not an OSError or YAMLError: a traceback."""
+    from framework.cli import OVERRIDES
+
+    runs = tmp_path / "runs" / "tiny_moe"
+    for seed in (0, 1):
+        fake_run(runs / f"trainer.seed={seed}", exps, seed, 3.0 + seed / 10, name="tiny_moe")
+    (runs / "trainer.seed=1" / OVERRIDES).write_bytes(b'dirname: "trainer.seed=1\xff"\n')
+    assert run_results.run_overrides(runs / "trainer.seed=1", "tiny_moe") == "trainer.seed=1"
+    text = paper_tables.main(["--exp-dir", str(exps), "--runs", str(tmp_path / "runs"),
+                              "--table", "moe"])
+    assert "| 3.050 ± 0.071 (n=2) / 2.90" in moe_cell(text)
