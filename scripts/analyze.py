@@ -86,8 +86,8 @@ def run_config(path: Path, dev) -> dict[str, Any]:
         model_cfg = build_model_config(cfg, vocab_size=0)
     except ConfigError as e:  # several runs at once: say which
         raise ConfigError(f"{file}: {first_line(e)}") from None
-    return {"path": path, "run_dir": run_dir, "cfg": cfg, "task_cfg": task_cfg,
-            "model_cfg": runnable_backend(model_cfg, dev)}
+    return {"path": path, "run_dir": run_dir, "label": str(cfg.get("name", run_dir.name)),
+            "cfg": cfg, "task_cfg": task_cfg, "model_cfg": runnable_backend(model_cfg, dev)}
 
 
 def runnable_backend(model_cfg, dev):
@@ -164,7 +164,7 @@ def analyze(run: dict[str, Any], dev, splits: tuple[str, ...] = ("valid",),
 
     from tasks.lm import LMTask
 
-    run_dir, cfg, task_cfg, data = run["run_dir"], run["cfg"], run["task_cfg"], run["data"]
+    run_dir, task_cfg, data = run["run_dir"], run["task_cfg"], run["data"]
     model = run.pop("model").to(dev)  # handed over: one model on the device at a time
     task = LMTask(task_cfg, data, model, dev)
     segments = task_cfg.final_segments if max_segments is None else max_segments
@@ -176,7 +176,7 @@ def analyze(run: dict[str, Any], dev, splits: tuple[str, ...] = ("valid",),
                                              progress=True, add_stats=i > 0)
     tokens = sum(r["tokens"] for r in per_split.values())
     loss = sum(r["loss"] * r["tokens"] for r in per_split.values()) / max(tokens, 1)
-    return {"label": str(cfg.get("name", run_dir.name)), "run_dir": str(run_dir),
+    return {"label": run["label"], "run_dir": str(run_dir),
             "step": run["step"], "ffn": model.cfg.ffn_kind, "split": "+".join(splits),
             "max_segments": segments, "tokens": tokens, "metric": data.metric,
             data.metric: task.metric(loss)[data.metric],
@@ -406,7 +406,8 @@ def main(argv: list[str] | None = None) -> list[Path]:
 
 def distinct_labels(runs: list[dict[str, Any]]) -> None:
     """Runs of one experiment are told apart by the overrides in which their directories
-    differ (`mini_moe [trainer.seed=1]`), else (the same ones) by their position (`#1`)."""
+    differ (`mini_moe [trainer.seed=1]`), else (the same ones) by their position (`#1`).
+    `runs`: run_config's dicts, labelled before the first evaluation."""
     from scripts.run_results import run_overrides, split_overrides
 
     groups: dict[str, list[dict[str, Any]]] = {}
@@ -464,6 +465,7 @@ def analyze_all(ap: argparse.ArgumentParser, args: argparse.Namespace) -> list[P
     folder), then the evaluations, which can take hours on a whole split."""
     dev = resolve_device(args.device)
     configs = [run_config(p, dev) for p in args.paths]
+    distinct_labels(configs)  # reads each run's overrides.yaml: not after hours of evaluation
     if args.layer is not None:
         check_expert_layer(ap, configs, args.layer)
     # splits side by side
@@ -472,7 +474,6 @@ def analyze_all(ap: argparse.ArgumentParser, args: argparse.Namespace) -> list[P
     datasets: dict[str, Any] = {}
     loaded = [load_run(c, datasets) for c in configs]
     runs = [analyze(r, dev, args.split, args.max_segments) for r in loaded]
-    distinct_labels(runs)
     paths = write_figures(runs, out, args.layer)
     for r in runs:
         print(f"{r['label']}: {r['split']} {r['metric']} {r[r['metric']]:.4f} "

@@ -354,6 +354,27 @@ def test_runs_of_one_experiment_are_labelled_by_their_overrides(tmp_path):
     assert [r["label"] for r in runs] == ["moe [trainer.seed=0]", "moe [trainer.seed=1]"]
 
 
+def test_runs_are_labelled_before_the_first_evaluation(runs, tmp_path, monkeypatch):
+    """The labels read each run's overrides.yaml: labelled after every evaluation, a record
+    that is not UTF-8 lost hours of evaluation to a traceback. Checked (and told apart) first:
+    the evaluation gets the final label."""
+    from framework.cli import OVERRIDES
+
+    seeds = [copy_run(runs, tmp_path, name=f"tiny_moe/trainer.seed={s}") for s in (1, 2)]
+    (seeds[1] / OVERRIDES).write_bytes(b'dirname: "\xff"\n')
+    evaluated, evaluate = [], analyze.analyze
+
+    def record(run, *args, **kwargs):
+        evaluated.append(run.get("label"))
+        return evaluate(run, *args, **kwargs)
+
+    monkeypatch.setattr(analyze, "analyze", record)
+    analyze.main([*map(str, seeds), "--max-segments", "1", "--out", str(tmp_path / "fig")])
+    assert evaluated == ["tiny_moe [trainer.seed=1]", "tiny_moe [trainer.seed=2]"]
+    saved = json.loads((tmp_path / "fig" / "analysis.json").read_text())["runs"]
+    assert [r["label"] for r in saved] == evaluated
+
+
 def test_expert_figures_need_a_moe_run(runs, tmp_path, monkeypatch, capsys):
     """--layer asks for the expert usage and co-occurrence figures: a dense run alone has
     none (it wrote only active_channels, exit 0), so it stops before any evaluation; beside
