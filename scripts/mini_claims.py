@@ -176,12 +176,21 @@ def mini_rows(exp_dir: Path) -> dict[str, str]:
 
 
 def tokens_per_s(run_dir: Path) -> float | None:
-    """Median of the run's logged `train/tokens_per_s` (robust to a busy moment)."""
+    """Median of the run's logged `train/tokens_per_s` (robust to a busy moment). A file that
+    cannot be read (not UTF-8, a directory) only feeds the throughput table: a warning, and
+    the run's tok/s is left out, rather than no report at all."""
     path = run_dir / "metrics.jsonl"
     if not path.exists():
         return None
+    try:
+        text = path.read_text()
+    except (OSError, ValueError) as e:  # a UnicodeDecodeError is a ValueError
+        why = e.strerror if isinstance(e, OSError) and e.strerror else type(e).__name__
+        print(f"warning: {path}: cannot be read ({why}); its run's tok/s is left out of the "
+              f"throughput table", file=sys.stderr)
+        return None
     vals = []
-    for line in path.read_text().splitlines():
+    for line in text.splitlines():
         try:
             row = json.loads(line)
         except ValueError:

@@ -183,6 +183,27 @@ def test_an_unreadable_results_file_is_warned_about_and_labelled(tmp_path, capsy
     assert capsys.readouterr().err == f"warning: {why}\n"
 
 
+@pytest.mark.parametrize("bad", ["not UTF-8", "a directory"])
+def test_an_unreadable_metrics_file_leaves_out_only_its_throughput(bad, tmp_path, capsys):
+    """metrics.jsonl only feeds the throughput table: one that cannot be read stopped the
+    whole report with a traceback."""
+    root = tmp_path / "runs"
+    for seed, tok_s in enumerate((1000.0, 3000.0)):
+        fake_run(root, "mini_enwik_dense", seed, 2.0 + seed / 100, [tok_s])
+    path = root / "mini_enwik_dense" / "trainer.seed=1" / "metrics.jsonl"
+    if bad == "a directory":
+        path.unlink()
+        path.mkdir()
+    else:
+        path.write_bytes(b'{"train/tokens_per_s": 3000}\n\xff\xfe\n')
+    text = mini_claims.main(["--runs", str(root)])
+    assert "| Dense | 2.005 ± 0.007 (n=2) · 0.916M | — |" in text
+    assert "| Dense | 1,000 | 1.00 | 30.5 |" in text  # seed 0's tok/s only; both train_s
+    why = "Is a directory" if bad == "a directory" else "UnicodeDecodeError"
+    assert capsys.readouterr().err == (f"warning: {path}: cannot be read ({why}); its run's "
+                                       "tok/s is left out of the throughput table\n")
+
+
 def test_runs_must_exist_unless_the_default(tmp_path, monkeypatch, capsys):
     with pytest.raises(SystemExit) as e:  # a typo: not every run listed as missing
         mini_claims.main(["--runs", str(tmp_path / "nope")])
