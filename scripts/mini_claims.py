@@ -49,6 +49,7 @@ from scripts.run_results import (  # noqa: E402
     ours_text,
     overridden_runs,
     print_out,
+    superseded,
 )
 from scripts.run_versions import (  # noqa: E402
     code_versions,
@@ -224,7 +225,7 @@ class Collected:
 
 def collect(roots: list[Path], exp_dir: Path, all_overrides: bool = False) -> Collected:
     runs, skipped = find_runs(roots, exp_dir, all_overrides)
-    grouped = by_experiment(runs)
+    grouped, skipped = by_experiment(runs), skipped + superseded(runs)
     # the sweep's runs left out (a `+exp=mini_moe` run is no variant of it: not listed)
     names = {exp_name(data, variant) for data in DATASETS for variant in VARIANTS}
     mini = [s for s in skipped if s.name in names or s.name is None

@@ -54,6 +54,7 @@ from scripts.run_results import (  # noqa: E402
     ours_text,
     overridden_runs,
     print_out,
+    superseded,
 )
 from scripts.run_versions import (  # noqa: E402
     code_versions,
@@ -391,6 +392,7 @@ def render_latex(t: Table) -> str:
 def build_all(exps: dict[str, Experiment], runs: list[Run], skipped: list[Skipped] = (),
               only: str | None = None, include_selector: bool = False) -> list[Table]:
     grouped = by_experiment(runs)
+    skipped = [*skipped, *superseded(runs)]  # listed under the tables with the others
     out = []
     for name in [only] if only else ALL_TABLES:
         if name == FLOPS:

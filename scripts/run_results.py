@@ -274,17 +274,43 @@ def counted_names(counts: dict[str, int], shown: int = 5) -> str:
 
 
 def by_experiment(runs: list[Run]) -> dict[str, list[Run]]:
-    """name -> one run per seed, local before wandb: a run of the experiment's own config
-    before one counted by `all_overrides`, then the newest when a seed ran twice."""
+    """name -> one run per seed (`_chosen`), sorted by seed."""
+    out: dict[str, list[Run]] = {}
+    for (name, _), run in sorted(_chosen(runs).items(),
+                                 key=lambda kv: (kv[0][0], str(kv[0][1]))):
+        out.setdefault(name, []).append(run)
+    return out
+
+
+def _chosen(runs: list[Run]) -> dict[tuple[str, Any], Run]:
+    """(name, seed) -> the run that counts when a seed ran more than once: one of the
+    experiment's own config before one counted by `all_overrides`, then the newest
+    results.json (it records no finish time; a wandb run has none: local before wandb)."""
     best: dict[tuple[str, Any], Run] = {}
     for run in runs:
         key = (run.name, run.seed)
         if key not in best or (not run.overrides, run.mtime) > (not best[key].overrides,
                                                                  best[key].mtime):
             best[key] = run
-    out: dict[str, list[Run]] = {}
-    for (name, _), run in sorted(best.items(), key=lambda kv: (kv[0][0], str(kv[0][1]))):
-        out.setdefault(name, []).append(run)
+    return best
+
+
+def superseded(runs: list[Run]) -> list[Skipped]:
+    """The runs by_experiment leaves out for another run of their seed, each naming the one
+    that counts and why (dropped without a word, a rerun's older result just vanished)."""
+    best, out = _chosen(runs), []
+    for run in runs:
+        kept = best[(run.name, run.seed)]
+        if kept is run:
+            continue
+        if run.overrides and not kept.overrides:
+            why = "the experiment's own config"
+        elif run.source.startswith("wandb:") and not kept.source.startswith("wandb:"):
+            why = "a local run"
+        else:
+            why = "its results.json is newer" if kept.mtime > run.mtime else "found first"
+        out.append(Skipped(Path(run.source), run.name,
+                           f"seed {run.seed} also ran in {kept.source}, which counts ({why})"))
     return out
 
 

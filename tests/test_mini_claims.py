@@ -204,6 +204,22 @@ def test_an_unreadable_metrics_file_leaves_out_only_its_throughput(bad, tmp_path
                                        "tok/s is left out of the throughput table\n")
 
 
+def test_a_seed_that_ran_twice_lists_the_run_left_out(tmp_path):
+    """The newest run of a seed counts; the other vanished without a word."""
+    import os
+
+    root = tmp_path / "runs"
+    fake_run(root, "mini_enwik_dense", 0, 2.0, [1000.0], run=root / "mini_enwik_dense")
+    os.utime(root / "mini_enwik_dense" / "results.json", (1_000, 1_000))  # the older one
+    fake_run(root, "mini_enwik_dense", 0, 2.5, [1000.0])
+    text = mini_claims.main(["--runs", str(root)])
+    assert "| Dense | 2.500 (n=1) · 0.916M | — |" in text
+    assert text.split("Not counted:\n")[1].splitlines()[0] == (
+        f"- {root / 'mini_enwik_dense'}: seed 0 also ran in "
+        f"{root / 'mini_enwik_dense' / 'trainer.seed=0'}, which counts (its results.json is "
+        "newer)")
+
+
 def test_runs_must_exist_unless_the_default(tmp_path, monkeypatch, capsys):
     with pytest.raises(SystemExit) as e:  # a typo: not every run listed as missing
         mini_claims.main(["--runs", str(tmp_path / "nope")])

@@ -146,9 +146,10 @@ def test_runs_that_read_other_tokens_are_named(tiny, tmp_path):
 
 
 def test_which_runs_count(tiny, tmp_path, capsys):
-    """Newest of a seed counts; other overrides only with --all-overrides and never over a
-    run of the experiment's own config; a run of another config (stale, or made in a
-    hand-chosen directory) never; one with no config_hash counts, with a warning."""
+    """Newest of a seed counts, the other is listed (it vanished without a word); other
+    overrides only with --all-overrides and never over a run of the experiment's own config;
+    a run of another config (stale, or made in a hand-chosen directory) never; one with no
+    config_hash counts, with a warning."""
     root, results = tiny
     runs, exps = tmp_path / "runs", root / "exp"
     shutil.copytree(root / "runs", runs)
@@ -172,6 +173,8 @@ def test_which_runs_count(tiny, tmp_path, capsys):
         "ffn.d_ff=32 (--all-overrides counts it)",
         f"- {runs / 'tiny_dense/ffn.d_ff=32,trainer.seed=2'}: tiny_dense with overrides "
         "ffn.d_ff=32 (--all-overrides counts it)",
+        f"- {runs / 'tiny_dense/trainer.seed=1'}: seed 1 also ran in {dup}, which counts "
+        "(its results.json is newer)",
         f"- {runs / 'tiny_dense/trainer.seed=3'}: {stale}"]
     assert "†" not in text
     text = paper_tables.main([*args, "--all-overrides"])  # seed 2 joins; seed 0 stays
@@ -183,6 +186,8 @@ def test_which_runs_count(tiny, tmp_path, capsys):
     latex = paper_tables.main([*args, "--all-overrides", "--format", "latex"])
     assert "(n=3)$^\\dagger$ /" in latex and "% counted with --all-overrides" in latex
     assert text.count("--all-overrides counts it") == 0 and text.count(stale) == 2
+    assert (f"- {runs / 'tiny_dense/ffn.d_ff=32,trainer.seed=0'}: seed 0 also ran in "
+            f"{runs / 'tiny_dense'}, which counts (the experiment's own config)") in text
     assert capsys.readouterr().err == ""
     fake_run(runs / "tiny_dense" / "trainer.seed=4", exps, 4, 8.0, config_hash=None)
     text = paper_tables.main(args)  # made before results.json recorded a config_hash

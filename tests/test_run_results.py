@@ -261,3 +261,22 @@ def test_an_overrides_record_that_is_not_utf8_falls_back_to_the_directory_name(e
     text = paper_tables.main(["--exp-dir", str(exps), "--runs", str(tmp_path / "runs"),
                               "--table", "moe"])
     assert "| 3.050 ± 0.071 (n=2) / 2.90" in moe_cell(text)
+
+
+def test_a_seed_that_ran_twice_names_the_run_left_out():
+    """by_experiment keeps one run per seed; the others vanished without a word."""
+    def run(source, seed=0, mtime=1.0, overrides=""):
+        r = run_record(seed, 1.0, None)
+        r.source, r.mtime, r.overrides = source, mtime, overrides
+        return r
+
+    own, newer, other = run("/r/a", mtime=1.0), run("/r/b", mtime=2.0), run("/r/c", mtime=3.0,
+                                                                             overrides="ffn.k=2")
+    wandb, first, again = run("wandb:p/1", mtime=0.0), run("/r/d", 1), run("/r/e", 1)
+    runs = [own, newer, other, wandb, first, again]
+    assert run_results.by_experiment(runs) == {"x": [newer, first]}
+    assert [str(s) for s in run_results.superseded(runs)] == [
+        "/r/a: seed 0 also ran in /r/b, which counts (its results.json is newer)",
+        "/r/c: seed 0 also ran in /r/b, which counts (the experiment's own config)",
+        "wandb:p/1: seed 0 also ran in /r/b, which counts (a local run)",
+        "/r/e: seed 1 also ran in /r/d, which counts (found first)"]
