@@ -49,6 +49,7 @@ from scripts.run_results import (  # noqa: E402
     ours_text,
     overridden_runs,
     print_out,
+    skipped_of,
     superseded,
 )
 from scripts.run_versions import (  # noqa: E402
@@ -228,8 +229,7 @@ def collect(roots: list[Path], exp_dir: Path, all_overrides: bool = False) -> Co
     grouped, skipped = by_experiment(runs), skipped + superseded(runs)
     # the sweep's runs left out (a `+exp=mini_moe` run is no variant of it: not listed)
     names = {exp_name(data, variant) for data in DATASETS for variant in VARIANTS}
-    mini = [s for s in skipped if s.name in names or s.name is None
-            and any(f"/{n}/" in f"{s.path}/" for n in names)]
+    mini = skipped_of(skipped, names)
     out = Collected({}, {}, {}, {}, mini, {})
     counted = []
     for data, col in DATASETS.items():

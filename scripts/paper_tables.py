@@ -54,6 +54,7 @@ from scripts.run_results import (  # noqa: E402
     ours_text,
     overridden_runs,
     print_out,
+    skipped_of,
     superseded,
 )
 from scripts.run_versions import (  # noqa: E402
@@ -266,7 +267,7 @@ def build_table(table: str, exps: dict[str, Experiment], runs: dict[str, list[Ru
         out.rows.append((row, [], cells))
     out.missing = missing_commands(table, seeds, skipped)  # each table has its sweep
     names = {grid[k][0].name for k in grid}
-    out.notes = [str(s) for s in skipped if s.name in names]
+    out.notes = [str(s) for s in skipped_of(skipped, names)]
     out.overridden = overridden_runs(counted)
     out.code, out.data = code_versions(counted), data_versions(counted)
     out.precision = precision_versions(counted)

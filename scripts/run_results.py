@@ -69,12 +69,13 @@ class Run:
 
 OVERRIDDEN = "†"  # marks a cell that counts runs of other settings (`all_overrides`)
 STALE = "config differs from"  # the start of a Skipped's why for a run of another config
+UNREADABLE = "unreadable results.json"  # ... for a file with no usable name, metric or seed
 
 
 @dataclass(frozen=True)
 class Skipped:
     """A results.json (or wandb run) left out of the tables, and why. `name` is None when
-    the file is unreadable."""
+    the file is unreadable (`path` is then the file's, else its run directory's)."""
     path: Path
     name: str | None
     why: str
@@ -238,7 +239,7 @@ def find_runs(roots: list[Path], exp_dir: Path, all_overrides: bool = False
     for path in results_files(roots):
         res = read_result(path)
         if isinstance(res, str):
-            skipped.append(Skipped(path, None, f"unreadable results.json ({res})"))
+            skipped.append(Skipped(path, None, f"{UNREADABLE} ({res})"))
             print(f"warning: {skipped[-1]}", file=sys.stderr)
         else:
             found.append((path, res))
@@ -390,12 +391,12 @@ def missing_commands(sweep: str, found: dict[str, list[Any]],
     """The commands that train what `found` (experiment -> the seeds it has) lacks of the
     sweep's seeds, in the form docs/cluster.md launches a table with: one command per set of
     missing seeds, the sweep's own seeds left to the sweep file. A seed whose directory in
-    the sweep's holds a finished run of another config (`skipped`: stale) gets `fresh=true`,
-    which run.py asks for there (a new sibling directory); only those: an unfinished run
-    must resume, not start over beside itself. (Checkpoints of another config without a
-    results.json are not seen here: the trainer asks for fresh=true at that job.)"""
+    the sweep's holds a results.json run.py will not train over (`skipped`: `fresh_in_sweep`)
+    gets `fresh=true` (a new sibling directory); only those: an unfinished run must resume,
+    not start over beside itself. (Checkpoints of another config without a results.json are
+    not seen here: the trainer asks for fresh=true at that job.)"""
     every = sweep_seeds(sweep)
-    stale = stale_in_sweep(sweep, skipped)
+    stale = fresh_in_sweep(sweep, skipped)
     groups: dict[tuple[tuple[int, ...], bool], list[str]] = {}
     for name, seeds in found.items():
         lacking = [s for s in every if s not in seeds]
@@ -408,17 +409,35 @@ def missing_commands(sweep: str, found: dict[str, list[Any]],
             for (part, fresh), names in groups.items()]
 
 
-def stale_in_sweep(sweep: str, skipped: Iterable[Skipped]) -> set[tuple[str, int]]:
-    """(experiment, seed) of the runs of another config in the sweep's own directories
-    (runs/sweeps/<sweep>/<experiment>/trainer.seed=<seed>, where relaunching it trains)."""
+def fresh_in_sweep(sweep: str, skipped: Iterable[Skipped]) -> set[tuple[str, int]]:
+    """(experiment, seed) whose directory in the sweep's own (runs/sweeps/<sweep>/<experiment>/
+    trainer.seed=<seed>, where relaunching it trains) holds a results.json that run.py does
+    not train over without fresh=true: a finished run of another config (it asks for
+    fresh=true), or an unreadable file (one whose config_hash matches is "already finished",
+    whatever else it lacks: without fresh=true the suggested command did nothing)."""
     out = set()
     for s in skipped:
         path = s.path.resolve()  # `--runs .` inside the sweep's directory
+        if s.name is None and s.why.startswith(UNREADABLE):  # no name: its directory's
+            path = path.parent
+            name = path.parent.name
+        elif s.why.startswith(STALE):
+            name = s.name
+        else:
+            continue
         seed = re.fullmatch(r"trainer\.seed=(\d+)", path.name)
-        if seed and s.why.startswith(STALE) and path.parent.name == s.name and \
-                path.parent.parent.name == sweep:
-            out.add((s.name, int(seed[1])))
+        if seed and path.parent.name == name and path.parent.parent.name == sweep:
+            out.add((name, int(seed[1])))
     return out
+
+
+def skipped_of(skipped: Iterable[Skipped], names: set[str]) -> list[Skipped]:
+    """The skipped runs of these experiments: by the name a run records, or for an unreadable
+    results.json (no name to read) by a directory on its path named after one, as Hydra and
+    fresh=true name them (`<name>/<overrides>`, `<name>-2`); listed under their table, not
+    on stderr alone."""
+    return [s for s in skipped if s.name in names or s.name is None and names & {
+        re.sub(r"-\d+$", "", part) for part in s.path.absolute().parent.parts}]
 
 
 if __name__ == "__main__":  # a library without a CLI: say which scripts read the runs

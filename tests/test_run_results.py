@@ -172,9 +172,9 @@ def test_stale_runs_of_a_sweep_are_found_from_relative_paths_too(tmp_path, monke
                                    stale),  # another config on purpose: no sweep job of it
                run_results.Skipped(Path("other/trainer.seed=2"), "other", "unreadable")]
     monkeypatch.chdir(sweep)
-    assert run_results.stale_in_sweep("mini", skipped) == {("mini_wiki_moe", 1)}
+    assert run_results.fresh_in_sweep("mini", skipped) == {("mini_wiki_moe", 1)}
     monkeypatch.chdir(tmp_path)  # the same paths, seen from elsewhere: not the sweep's
-    assert run_results.stale_in_sweep("mini", skipped) == set()
+    assert run_results.fresh_in_sweep("mini", skipped) == set()
 
 
 # -- from mutation testing: runs judged without a config hash, data versions --------
@@ -280,3 +280,28 @@ def test_a_seed_that_ran_twice_names_the_run_left_out():
         "/r/c: seed 0 also ran in /r/b, which counts (the experiment's own config)",
         "wandb:p/1: seed 0 also ran in /r/b, which counts (a local run)",
         "/r/e: seed 1 also ran in /r/d, which counts (found first)"]
+
+
+def test_an_unreadable_results_file_is_listed_under_its_table_and_relaunched_fresh(
+        exps, tmp_path, capsys):
+    """It was on stderr only, and the table asked for its seed with a command run.py answers
+    "this run already finished" (its config_hash matches): fresh=true trains beside it."""
+    sweep = tmp_path / "runs" / "sweeps" / "moe" / "tiny_moe"
+    fake_run(sweep / "trainer.seed=0", exps, 0, 3.0, name="tiny_moe")
+    res = fake_run(sweep / "trainer.seed=1", exps, 1, 3.1, name="tiny_moe")
+    (sweep / "trainer.seed=1" / "results.json").write_text(json.dumps({**res, "test": {}}))
+    (tmp_path / "runs" / "tiny_moe-2").mkdir()  # a fresh=true sibling of a plain run
+    (tmp_path / "runs" / "tiny_moe-2" / "results.json").write_text("{")
+    (tmp_path / "runs" / "other").mkdir()  # no experiment of this table
+    (tmp_path / "runs" / "other" / "results.json").write_text("{")
+    text = paper_tables.main(["--exp-dir", str(exps), "--runs", str(tmp_path / "runs"),
+                              "--table", "moe"])
+    assert text.split("Not counted:\n")[1].splitlines() == [
+        f"- {sweep / 'trainer.seed=1' / 'results.json'}: unreadable results.json (test has "
+        "no number 'bpc')",
+        f"- {tmp_path / 'runs' / 'tiny_moe-2' / 'results.json'}: unreadable results.json (not "
+        "JSON (JSONDecodeError))"]
+    assert text.split(paper_tables.MISSING + "\n")[1].split("\n\n")[0].splitlines() == [
+        "- `python run.py -m +sweep=moe +exp=tiny_moe trainer.seed=2`",
+        "- `python run.py -m +sweep=moe +exp=tiny_moe trainer.seed=1 fresh=true`"]
+    assert capsys.readouterr().err.count("warning: ") == 3  # on stderr as before
