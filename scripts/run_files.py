@@ -84,7 +84,9 @@ def _unreadable(res: Any) -> str | None:
             return f"{split} has no finite number {res['metric']!r} (it has {value!r})"
     if not res.get("name"):
         return "no experiment 'name'"
-    if "seed" in res and as_seed(res["seed"]) is None:
+    if "seed" not in res:  # run.py always writes it: judged as seed None, it read as stale
+        return "no 'seed'"
+    if as_seed(res["seed"]) is None:
         return f"seed {res['seed']!r} is not an integer"
     return None
 

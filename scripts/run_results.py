@@ -217,6 +217,8 @@ class Judge:
         """(why the run is not counted, None if it is; its overrides other than the seed,
         comma-separated, '' when it trained the experiment's own config). `config`:
         same_config's run_hash or logged."""
+        if seed is None:  # a wandb run that logged none (a local one is unreadable: run_files)
+            return "no seed recorded (trainer.seed): which seed it trained cannot be told", ""
         extra = other_overrides(run_overrides(run_dir, name) if run_dir is not None else None)
         same, why = self.same_config(name, seed, **config)
         if same is None:  # no hash: trust the directory's name, as before runs recorded it

@@ -305,3 +305,18 @@ def test_an_unreadable_results_file_is_listed_under_its_table_and_relaunched_fre
         "- `python run.py -m +sweep=moe +exp=tiny_moe trainer.seed=2`",
         "- `python run.py -m +sweep=moe +exp=tiny_moe trainer.seed=1 fresh=true`"]
     assert capsys.readouterr().err.count("warning: ") == 3  # on stderr as before
+
+
+def test_a_run_that_records_no_seed_says_so(exps, tmp_path, capsys):
+    """Judged as seed None, it read as "config differs (stale)": the reason was not that."""
+    run = tmp_path / "runs" / "tiny_moe" / "trainer.seed=0"
+    res = fake_run(run, exps, 0, 3.0, name="tiny_moe")
+    (run / "results.json").write_text(json.dumps({k: v for k, v in res.items() if k != "seed"}))
+    text = paper_tables.main(["--exp-dir", str(exps), "--runs", str(tmp_path / "runs"),
+                              "--table", "moe"])
+    why = f"{run / 'results.json'}: unreadable results.json (no 'seed')"
+    assert text.split("Not counted:\n")[1].splitlines() == [f"- {why}"]
+    assert capsys.readouterr().err == f"warning: {why}\n"
+    judge = run_results.Judge(exps, run_results.compose_experiments(exps, ["tiny_moe"]))
+    assert judge("tiny_moe", None, None, logged={}) == (  # a wandb run that logged none
+        "no seed recorded (trainer.seed): which seed it trained cannot be told", "")
