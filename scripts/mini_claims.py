@@ -166,14 +166,15 @@ def exp_name(data: str, variant: str) -> str:
 
 
 def mini_rows(exp_dir: Path) -> dict[str, str]:
-    """variant -> row label of its `paper:` entry (table `mini`) in configs/exp/."""
-    import yaml
+    """variant -> row label of its `paper:` entry (table `mini`) in configs/exp/; a file that
+    does not parse is one line naming it, as in scripts/paper_tables.py (not a traceback)."""
+    from scripts.paper_tables import configs_of, load_experiment  # it imports this module
 
-    rows = {}
+    rows, configs = {}, configs_of(exp_dir)
     for path in sorted(exp_dir.glob("mini_*_*.yaml")):
-        for entry in (yaml.safe_load(path.read_text()).get("paper") or {}).get("entries") or []:
+        for entry in load_experiment(path, configs).entries:
             if entry.get("table") == "mini":
-                rows.setdefault(path.stem.split("_", 2)[2], entry["row"])
+                rows.setdefault(path.stem.split("_", 2)[2], str(entry.get("row")))
     return rows
 
 
@@ -331,8 +332,8 @@ def render_throughput(c: Collected, rows: dict[str, str]) -> str:
 
 
 def report(exp_dir: Path, roots: list[Path], all_overrides: bool = False) -> str:
+    rows = mini_rows(exp_dir)  # a broken exp file stops it before the runs are read
     c = collect(roots, exp_dir, all_overrides)
-    rows = mini_rows(exp_dir)
     return "\n".join([render_results(c, rows), render_claims(check_claims(c.values), c.metric),
                       render_throughput(c, rows)])
 

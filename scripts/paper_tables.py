@@ -155,19 +155,28 @@ def compose_exp(path: Path, configs: Path) -> dict[str, Any]:
 
 
 def load_experiments(exp_dir: Path) -> dict[str, Experiment]:
-    """Every exp file of `exp_dir`; one that does not parse, or whose `paper:` block is
-    malformed, stops the script with one line naming it."""
-    configs = exp_dir.parent if (exp_dir.parent / "config.yaml").exists() else ROOT / "configs"
-    exps = {}
-    for path in sorted(exp_dir.glob("*.yaml")):
-        try:
-            cfg = compose_exp(path, configs)
-            paper = cfg.get("paper") or {}
-            exps[path.stem] = Experiment(path.stem, str(cfg.get("name") or path.stem),
-                                         paper.get("params_m"), paper_entries(paper), cfg)
-        except (yaml.YAMLError, OmegaConfBaseException, ValueError, OSError) as e:
-            sys.exit(f"error: {path}: {first_line(e)}")  # syntax, merge, our checks
-    return exps
+    """Every exp file of `exp_dir` (load_experiment)."""
+    configs = configs_of(exp_dir)
+    return {path.stem: load_experiment(path, configs) for path in sorted(exp_dir.glob("*.yaml"))}
+
+
+def configs_of(exp_dir: Path) -> Path:
+    """The config tree an exp directory's files are composed in: its parent when that is one."""
+    return exp_dir.parent if (exp_dir.parent / "config.yaml").exists() else ROOT / "configs"
+
+
+def load_experiment(path: Path, configs: Path) -> Experiment:
+    """One exp file (scripts/mini_claims.py reads its own with it); one that does not parse,
+    or whose `paper:` block is malformed, stops the script with one line naming it."""
+    try:
+        cfg = compose_exp(path, configs)
+        paper = cfg.get("paper") or {}
+        if not isinstance(paper, dict):
+            raise ValueError("paper must be a mapping {params_m, entries}")
+        return Experiment(path.stem, str(cfg.get("name") or path.stem),
+                          paper.get("params_m"), paper_entries(paper), cfg)
+    except (yaml.YAMLError, OmegaConfBaseException, ValueError, OSError) as e:
+        sys.exit(f"error: {path}: {first_line(e)}")  # syntax, merge, our checks
 
 
 def paper_entries(paper: dict[str, Any]) -> list[dict[str, Any]]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import shutil
 from pathlib import Path
 
 import pytest
@@ -218,6 +219,22 @@ def test_a_seed_that_ran_twice_lists_the_run_left_out(tmp_path):
         f"- {root / 'mini_enwik_dense'}: seed 0 also ran in "
         f"{root / 'mini_enwik_dense' / 'trainer.seed=0'}, which counts (its results.json is "
         "newer)")
+
+
+@pytest.mark.parametrize("body, said", [
+    ("name: [unclosed", "while parsing a flow sequence"),
+    ("- just a list", "holds a list, not a mapping of config keys"),
+    ("paper: [1, 2]", "paper must be a mapping {params_m, entries}"),
+    ("paper: {entries: [mini]}", "paper.entries must be a list of {table, row, column, value}"),
+])
+def test_a_broken_mini_exp_file_is_one_line_naming_it(body, said, tmp_path):
+    """As scripts/paper_tables.py says it, not a 52-line YAML traceback."""
+    exp_dir = tmp_path / "exp"
+    shutil.copytree(CONFIGS / "exp", exp_dir)
+    (exp_dir / "mini_wiki_topk.yaml").write_text(body)
+    with pytest.raises(SystemExit) as e:
+        mini_claims.main(["--runs", str(tmp_path), "--exp-dir", str(exp_dir)])
+    assert e.value.code == f"error: {exp_dir / 'mini_wiki_topk.yaml'}: {said}"
 
 
 def test_runs_must_exist_unless_the_default(tmp_path, monkeypatch, capsys):

@@ -80,6 +80,7 @@ def test_runs_of_unknown_experiments_get_one_warning(exps, tmp_path, capsys):
 @pytest.mark.parametrize("body,said", [
     ("name: [unclosed", "while parsing a flow sequence"),
     ("- just a list", "holds a list, not a mapping of config keys"),
+    ("paper: [1, 2]", "paper must be a mapping {params_m, entries}"),
     (json.dumps({"name": "x", "paper": {"params_m": None, "entries": [{**MOE_ENTRY,
                                                                          "value": "23,25"}]}}),
      "paper.entries value '23,25' (moe, σ-MoE, Mini) is not a number"),
