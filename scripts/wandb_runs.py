@@ -8,7 +8,13 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from scripts.run_files import as_seed, real  # noqa: E402
-from scripts.run_results import Judge, Run, Skipped, compose_experiments  # noqa: E402
+from scripts.run_results import (  # noqa: E402
+    Judge,
+    Run,
+    Skipped,
+    compose_experiments,
+    counted_names,
+)
 
 
 def wandb_runs(project: str, exp_dir: Path, all_overrides: bool = False
@@ -17,10 +23,18 @@ def wandb_runs(project: str, exp_dir: Path, all_overrides: bool = False
     `valid_<metric>` / `test_<metric>` (written by tasks/lm_run.py at the end of training).
     Crashed or running ones are not finished. wandb holds no config_hash: the config the
     run logged (all of it, tasks/lm_run.py) is compared with its experiment's instead;
-    other overrides are read from its run directory's name, as for local runs."""
+    other overrides are read from its run directory's name, as for local runs. Runs left
+    out before that (not finished, no `name`, no numbers) get one note on stderr."""
+    every = _wandb_api_runs(project)
+    unfinished: dict[str, int] = {}  # state -> runs
+    for r in every:
+        if r.state != "finished":
+            unfinished[str(r.state)] = unfinished.get(str(r.state), 0) + 1
     finished = [(dict(r.config), r.summary, f"wandb:{project}/{r.id}")
-                for r in _wandb_api_runs(project) if r.state == "finished"]
+                for r in every if r.state == "finished"]
+    no_name = [source for cfg, _, source in finished if not cfg.get("name")]
     finished = [f for f in finished if f[0].get("name")]
+    no_numbers: list[str] = []
     judge = Judge(exp_dir, compose_experiments(exp_dir, (str(c["name"]) for c, _, _ in finished)),
                   all_overrides)
     out, skipped = [], []
@@ -39,7 +53,33 @@ def wandb_runs(project: str, exp_dir: Path, all_overrides: bool = False
                                {metric: float(test)}, real(summary.get("n_params")), source,
                                overrides=overrides, code=code or None, data=data or None))
                 break
+        else:
+            no_numbers.append(source)
+    note_left_out(project, unfinished, no_name, no_numbers)
     return out, skipped
+
+
+def note_left_out(project: str, unfinished: dict[str, int], no_name: list[str],
+                  no_numbers: list[str]) -> None:
+    """One note on stderr counting the runs left out before they could be judged, and why:
+    they were dropped without a word (a finished run with no summary numbers looked like a
+    missing one)."""
+    def some(sources: list[str]) -> str:
+        return ", ".join(sources[:3]) + (f" and {len(sources) - 3} more" if len(sources) > 3
+                                         else "")
+
+    parts = []
+    if unfinished:
+        parts.append(f"{sum(unfinished.values())} not finished ({counted_names(unfinished)})")
+    if no_name:
+        parts.append(f"{len(no_name)} finished with no config `name` ({some(no_name)})")
+    if no_numbers:
+        parts.append(f"{len(no_numbers)} finished with no finite valid_/test_<ppl|bpc> in "
+                     f"its summary ({some(no_numbers)})")
+    if parts:
+        n = sum(unfinished.values()) + len(no_name) + len(no_numbers)
+        print(f"note: --wandb {project}: {n} run(s) left out: {'; '.join(parts)}",
+              file=sys.stderr)
 
 
 def plain(node: Any) -> Any:

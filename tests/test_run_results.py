@@ -321,3 +321,31 @@ def test_a_run_that_records_no_seed_says_so(exps, tmp_path, capsys):
     judge = run_results.Judge(exps, run_results.compose_experiments(exps, ["tiny_moe"]))
     assert judge("tiny_moe", None, None, logged={}) == (  # a wandb run that logged none
         "no seed recorded (trainer.seed): which seed it trained cannot be told", "")
+
+
+def test_wandb_runs_left_out_before_judging_get_one_note(exps, monkeypatch, capsys):
+    """Unfinished runs, finished ones with no `name` or no summary numbers were dropped
+    without a word: a finished run lacking test_bpc looked like a seed never run."""
+    import types
+
+    from tests.test_paper_tables import exp_config
+
+    cfg = exp_config(exps, "tiny_moe")
+
+    def run(id_, state="finished", seed=0, summary=None, **config):
+        logged = {**cfg, "trainer": {**cfg["trainer"], "seed": seed}, **config}
+        return types.SimpleNamespace(id=id_, state=state, config=logged,
+                                     summary={"valid_bpc": 3.1, "test_bpc": 3.0}
+                                     if summary is None else summary)
+
+    runs = [run("ok"), run("c1", "crashed"), run("c2", "crashed"), run("r", "running"),
+            run("anon", name=None), run("partial", seed=1, summary={"valid_bpc": 3.1}),
+            run("nan", seed=2, summary={"valid_bpc": 3.1, "test_bpc": math.nan})]
+    fake = types.SimpleNamespace(Api=lambda: types.SimpleNamespace(runs=lambda p: runs))
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    found, skipped = wandb_runs.wandb_runs("me/proj", exps)
+    assert [r.source for r in found] == ["wandb:me/proj/ok"] and skipped == []
+    assert capsys.readouterr().err == (
+        "note: --wandb me/proj: 6 run(s) left out: 3 not finished (crashed (2), running (1)); "
+        "1 finished with no config `name` (wandb:me/proj/anon); 2 finished with no finite "
+        "valid_/test_<ppl|bpc> in its summary (wandb:me/proj/partial, wandb:me/proj/nan)\n")
