@@ -319,7 +319,11 @@ def superseded(runs: list[Run]) -> list[Skipped]:
 
 def print_out(text: str) -> None:
     """Writes a report to stdout; one that cannot take it (`> tables.md` on a full disk) is
-    one line, not a traceback (nor a second one when Python flushes stdout at exit)."""
+    one line, not a traceback (nor a second one when Python flushes stdout at exit). What
+    the stream cannot encode is escaped (a directory name that is not UTF-8 reaches us as
+    surrogates, which a strict UTF-8 stdout refused with a UnicodeEncodeError)."""
+    encoding = getattr(sys.stdout, "encoding", None) or "utf-8"
+    text = text.encode(encoding, "backslashreplace").decode(encoding)
     try:
         sys.stdout.write(text)
         sys.stdout.flush()

@@ -349,3 +349,17 @@ def test_wandb_runs_left_out_before_judging_get_one_note(exps, monkeypatch, caps
         "note: --wandb me/proj: 6 run(s) left out: 3 not finished (crashed (2), running (1)); "
         "1 finished with no config `name` (wandb:me/proj/anon); 2 finished with no finite "
         "valid_/test_<ppl|bpc> in its summary (wandb:me/proj/partial, wandb:me/proj/nan)\n")
+
+
+@pytest.mark.parametrize("encoding", ["utf-8", "ascii"])
+def test_a_name_the_output_cannot_encode_is_escaped(encoding, monkeypatch):
+    """A directory name that is not UTF-8 (\\xff, kept as the surrogate \\udcff) in a "Not
+    counted" line: a strict stdout raised UnicodeEncodeError, and no report was written."""
+    import io
+
+    out = io.TextIOWrapper(io.BytesIO(), encoding=encoding, errors="strict")
+    monkeypatch.setattr(sys, "stdout", out)
+    run_results.print_out("- runs/old\udcff: σ-MoE\n")
+    written = out.buffer.getvalue().decode(encoding)
+    assert written == ("- runs/old\\udcff: σ-MoE\n" if encoding == "utf-8" else
+                       "- runs/old\\udcff: \\u03c3-MoE\n")
