@@ -97,7 +97,7 @@ CLAIMS = (
 class Comparison:
     diff: float  # mean_a - mean_b (negative: a is better)
     rel: float  # diff / |mean_b|
-    pooled: float | None  # pooled sample std; None with fewer than 3 values in all
+    pooled: float | None  # pooled sample std; None with fewer than 2 values on either side
     t: float | None  # diff / standard error of the difference; None without a pooled std
 
 

@@ -402,3 +402,12 @@ def test_labels_not_in_the_papers_order_follow_the_listed_ones():
     """Mutant `len(pref) + i` -> `i`: unlisted labels interleave with the paper's rows."""
     assert paper_tables.ordered(["Z", "B", "A"], ("A", "B")) == ["A", "B", "Z"]
     assert paper_tables.ordered(["new", "Dense"], ("Dense",)) == ["Dense", "new"]
+
+
+def test_the_cell_docs_reproducing_shows_is_one_the_script_prints():
+    """docs/reproducing.md's example Tab. moe cell lacked the ` · 25.0% FLOPs` they print."""
+    doc = (ROOT / "docs" / "reproducing.md").read_text()
+    shown = doc.split("A cell (here Tab. moe's σ-MoE on WT-S) reads\n\n```\n")[1].split("\n")[0]
+    cell = paper_tables.Cell(_exp(), [11.69, 11.74, 11.79], paper=11.71, n_params=47.3e6,
+                             flops=0.25, metric="ppl")
+    assert paper_tables.cell_text(cell) == shown
