@@ -403,12 +403,12 @@ def missing_commands(sweep: str, found: dict[str, list[Any]],
     not start over beside itself. (Checkpoints of another config without a results.json are
     not seen here: the trainer asks for fresh=true at that job.)"""
     every = sweep_seeds(sweep)
-    stale = fresh_in_sweep(sweep, skipped)
+    needs_fresh = fresh_in_sweep(sweep, skipped)
     groups: dict[tuple[tuple[int, ...], bool], list[str]] = {}
     for name, seeds in found.items():
         lacking = [s for s in every if s not in seeds]
         for fresh in (False, True):
-            if part := tuple(s for s in lacking if ((name, s) in stale) == fresh):
+            if part := tuple(s for s in lacking if ((name, s) in needs_fresh) == fresh):
                 groups.setdefault((part, fresh), []).append(name)
     return [f"python run.py -m +sweep={sweep} +exp={','.join(names)}"
             + ("" if list(part) == every else f" trainer.seed={','.join(map(str, part))}")

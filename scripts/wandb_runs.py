@@ -23,8 +23,8 @@ def wandb_runs(project: str, exp_dir: Path, all_overrides: bool = False
     `valid_<metric>` / `test_<metric>` (written by tasks/lm_run.py at the end of training).
     Crashed or running ones are not finished. wandb holds no config_hash: the config the
     run logged (all of it, tasks/lm_run.py) is compared with its experiment's instead;
-    other overrides are read from its run directory's name, as for local runs. Runs left
-    out before that (not finished, no `name`, no numbers) get one note on stderr."""
+    other overrides are read from its run directory's name, as for local runs. The runs
+    left out otherwise (not finished, no `name`, no numbers) get one note on stderr."""
     every = _wandb_api_runs(project)
     unfinished: dict[str, int] = {}  # state -> runs
     for r in every:
@@ -61,9 +61,9 @@ def wandb_runs(project: str, exp_dir: Path, all_overrides: bool = False
 
 def note_left_out(project: str, unfinished: dict[str, int], no_name: list[str],
                   no_numbers: list[str]) -> None:
-    """One note on stderr counting the runs left out before they could be judged, and why:
-    they were dropped without a word (a finished run with no summary numbers looked like a
-    missing one)."""
+    """One note on stderr counting the runs left out with no `Skipped` record, and why: they
+    were dropped without a word (a finished run with no summary numbers looked like a seed
+    never run)."""
     def some(sources: list[str]) -> str:
         return ", ".join(sources[:3]) + (f" and {len(sources) - 3} more" if len(sources) > 3
                                          else "")
