@@ -66,15 +66,17 @@ def losses(run_dir):
     return [r["train/loss"] for r in metrics(run_dir) if "train/loss" in r]
 
 
-@pytest.mark.parametrize("extra", [
+@pytest.mark.parametrize("extra,exp", [
     # gamma > 0: the entropy regularizer's batch statistics must be all-reduced to match
-    ["ffn.reg_gamma=0.01"],
+    (["ffn.reg_gamma=0.01"], "mini_moe"),
     # accumulation: only the last micro-batch all-reduces (no_sync), which must not matter
     # (gamma = 0: the regularizer's statistics are per micro-batch, whose rows differ)
-    ["ffn.reg_gamma=0.0", "trainer.grad_accum=2"],
-], ids=["reg", "grad_accum"])
-def test_two_gloo_processes_match_one_process(tmp_path, extra):
-    cfg = compose_cfg([*COMMON, *extra])
+    (["ffn.reg_gamma=0.0", "trainer.grad_accum=2"], "mini_moe"),
+    # Switch's balancing loss f . P: both means over the global batch, not per rank
+    (["ffn.balance_coef=0.5"], "mini_enwik_switch"),
+], ids=["reg", "grad_accum", "switch_balance"])
+def test_two_gloo_processes_match_one_process(tmp_path, extra, exp):
+    cfg = compose_cfg([*COMMON, *extra], exp)
     TASKS.get("lm")(cfg, tmp_path / "single")
     mp.start_processes(_worker, args=(2, free_port(), cfg, str(tmp_path / "ddp")), nprocs=2,
                        start_method="spawn")

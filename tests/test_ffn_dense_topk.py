@@ -62,6 +62,15 @@ def test_topk_counts_exactly_k_active_in_eval_and_training():
     assert ((ffn.hidden(x_TD) != 0).sum(-1) == 5).all()
 
 
+def test_topk_applies_dropout_once():
+    ffn = TopKFFN(TopKConfig(d_model=8, n_layers=2, d_ff=32, dropout=0.5, k=5)).train()
+    x = torch.randn(20, 8)
+    torch.manual_seed(0)
+    y = ffn(x)
+    torch.manual_seed(0)  # the same mask: hidden() draws it, nothing after it does
+    torch.testing.assert_close(y, ffn.w2(ffn.hidden(x)))
+
+
 def test_topk_gradient_only_through_kept_units():
     torch.manual_seed(0)
     ffn = TopKFFN(TopKConfig(d_model=D, n_layers=L, d_ff=F_, k=3)).eval()

@@ -125,6 +125,18 @@ def test_expert_dropout_gives_dropped_experts_zero_weight(selection):
         assert got == pytest.approx(best_TK[t, :m].tolist())
 
 
+def test_softmax_renorm_gives_a_token_with_no_kept_expert_zero_gates():
+    """Every expert of a token dropped (rare at delta 0.2: made common here): its K gates
+    are 0, not a softmax over K masked logits (1/K each)."""
+    moe = make(n_experts=4, k=2, selection="softmax_renorm", expert_dropout=0.9).train()
+    logits_TE = torch.randn(500, 4)
+    torch.manual_seed(1)
+    _, gate_TK = moe.select(logits_TE)
+    torch.manual_seed(1)  # the same draw as inside select
+    none_kept_T = ~(torch.rand_like(logits_TE) >= 0.9).any(-1)
+    assert none_kept_T.any() and (gate_TK[none_kept_T] == 0).all()
+
+
 def test_expert_dropout_drops_a_delta_share_of_the_experts():
     torch.manual_seed(0)
     moe = make(n_experts=16, k=16, expert_dropout=0.1).train()  # k = N_E: every expert
@@ -142,6 +154,16 @@ def test_evaluation_is_deterministic_and_training_is_not(dropout):
     torch.testing.assert_close(moe(x_BTD), moe(x_BTD), rtol=0, atol=0)
     moe.train()
     assert not torch.equal(moe(x_BTD), moe(x_BTD))
+
+
+def test_dead_fraction_counts_never_chosen_experts_only():
+    from models.ffn.base import RoutingStats
+
+    stats = RoutingStats()
+    stats.enabled = True
+    expert_TK = torch.tensor([[0], [1], [1], [3], [3], [3]])  # counts 1, 2, 0, 3
+    stats.record_moe(expert_TK, torch.ones(6, 1), 4)
+    assert stats.summary()["dead_fraction"] == 0.25
 
 
 def test_routing_stats_count_selections():

@@ -104,6 +104,17 @@ def test_switch_capacity_drops_overflow_in_token_order():
     assert moe.select(HAND_LOGITS)[1].flatten().tolist() == pytest.approx([0.75] * 4)
 
 
+@pytest.mark.parametrize("factor,dropped", [(1.0, 0), (0.75, 1)])
+def test_switch_capacity_is_ceil_of_factor_times_rows_per_expert(factor, dropped):
+    """capacity = ceil(factor * T * K / E): T 2, K 2, E 3 gives ceil(1.33) = 2 (nothing
+    dropped) at factor 1 and 1 at 0.75 (expert 1, chosen by both tokens, drops one)."""
+    logits_TE = torch.log(torch.tensor([[3.0, 2.0, 1.0], [1.0, 2.0, 3.0]]))
+    moe = SwitchMoE(SwitchConfig(**{**BASE, "n_experts": 3, "k": 2},
+                                 capacity_factor=factor)).train()
+    _, gate_TK = moe.select(logits_TE)
+    assert int((gate_TK == 0).sum()) == dropped
+
+
 def test_switch_k2_balancing_loss_and_capacity_hand_built():
     """K=2: f counts both slots (sum_e f = K); the capacity queue is by token, then slot."""
     logits = torch.log(torch.tensor([[3.0, 2.0, 1.0], [1.0, 2.0, 3.0]]))  # p = logits / 6

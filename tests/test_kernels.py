@@ -442,6 +442,12 @@ def test_torch_path_dropout_does_not_depend_on_the_thread_count(monkeypatch):
         runs.append((y, torch.rand(3)))
     for y, after in runs[1:]:
         assert torch.equal(y, runs[0][0]) and torch.equal(after, runs[0][1])
+    # ... yet the chunks' seeds come from the global generator: another step, another mask
+    # and another seed, other masks
+    again = moe_mlp(*args, hidden_dropout=0.3, training=True, backend="torch")
+    torch.manual_seed(1)
+    other_seed = moe_mlp(*args, hidden_dropout=0.3, training=True, backend="torch")
+    assert not torch.equal(again, runs[0][0]) and not torch.equal(other_seed, runs[0][0])
 
 
 @pytest.mark.parametrize("dropout", [0.0, 0.2])

@@ -21,6 +21,9 @@ def test_optimizer_gets_the_settings_and_never_decays_moe_layers():
     opt = build_optimizer(model, 1e-3, (0.9, 0.999), 1e-8, weight_decay=0.1)
     assert (opt.defaults["betas"], opt.defaults["eps"], opt.defaults["lr"]) == (
         (0.9, 0.999), 1e-8, 1e-3)
+    plain = torch.optim.AdamW([torch.zeros(1)]).defaults  # the paper's Adam: no variant
+    assert {k: opt.defaults[k] for k in ("amsgrad", "maximize")} == {
+        k: plain[k] for k in ("amsgrad", "maximize")}
     decay = {id(p): g["weight_decay"] for g in opt.param_groups for p in g["params"]}
     assert len(decay) == len(list(model.parameters()))
     assert all(decay[id(p)] == 0.0 for p in model["moe"].parameters())

@@ -179,27 +179,52 @@ def test_trainer_defaults_are_the_papers():
 
 
 def test_logged_lr_follows_the_schedule_and_gradients_are_clipped(tmp_path, monkeypatch):
+    """Every parameter group (weight decay makes two) follows warmup and cosine, and the
+    optimizer gets gradients clipped to exactly grad_clip in L2 norm (an L1 clip is
+    smaller, also below the limit)."""
     from framework.optim import lr_factor
 
-    seen = []
+    seen, group_lrs = [], []
     real_step = torch.optim.AdamW.step
 
-    def step(self, *a, **k):  # the gradient norm the optimizer actually gets
+    def step(self, *a, **k):  # the gradient norm and learning rates the optimizer gets
         grads = [p.grad for g in self.param_groups for p in g["params"] if p.grad is not None]
         seen.append(float(torch.linalg.vector_norm(torch.stack(
             [torch.linalg.vector_norm(x) for x in grads]))))
+        group_lrs.append([g["lr"] for g in self.param_groups])
         return real_step(self, *a, **k)
 
     monkeypatch.setattr(torch.optim.AdamW, "step", step)
     cfg = compose_cfg([*TINY, *TINY_MOE, "trainer.steps=6", "trainer.warmup_steps=2",
                        "trainer.lr=0.01", "trainer.grad_clip=0.001", "trainer.log_every=1",
-                       "trainer.val_every=1000", "task.final_segments=1"])
+                       "trainer.weight_decay=0.1", "trainer.val_every=1000",
+                       "task.final_segments=1"])
     RUN(cfg, tmp_path)
     rows = [r for r in metrics(tmp_path) if "train/lr" in r]
-    assert [r["train/lr"] for r in rows] == pytest.approx(
-        [0.01 * lr_factor(s, 6, 2, "cosine") for s in range(6)])
+    want = [0.01 * lr_factor(s, 6, 2, "cosine") for s in range(6)]
+    assert [r["train/lr"] for r in rows] == pytest.approx(want)
+    assert all(len(lrs) == 2 for lrs in group_lrs)
+    assert group_lrs == [pytest.approx([lr, lr]) for lr in want]
     assert all(r["train/grad_norm"] > 0.001 for r in rows)  # logged before clipping
-    assert len(seen) == 6 and max(seen) <= 0.001 * (1 + 1e-4)
+    assert len(seen) == 6 and seen == pytest.approx([0.001] * 6, rel=1e-3)
+
+
+def test_final_evaluation_keeps_eval_mem_segments_of_memory(tmp_path, monkeypatch):
+    """The paper's valid/test numbers use 4 segments of memory, training 1: the final
+    evaluation must pass the eval setting, not the training one."""
+    from tasks.lm import LMTask
+
+    calls, real_evaluate = [], LMTask.evaluate
+
+    def evaluate(self, split, batch_size, mem_segments, *a, **k):
+        calls.append((split, mem_segments, k.get("stats", False)))
+        return real_evaluate(self, split, batch_size, mem_segments, *a, **k)
+
+    monkeypatch.setattr(LMTask, "evaluate", evaluate)
+    RUN(compose_cfg([*TINY, *TINY_MOE, "trainer.steps=2", "trainer.val_every=1000",
+                     "task.final_segments=1", "task.train_mem_segments=1",
+                     "task.eval_mem_segments=3"]), tmp_path)
+    assert [c[:2] for c in calls if c[2]] == [("valid", 3), ("test", 3)]
 
 
 @pytest.mark.parametrize("name,said", [
@@ -247,12 +272,14 @@ def test_grad_accum_gives_the_gradient_of_the_whole_batch(tmp_path):
     each micro-batch on its own)."""
     base = [*TINY, *TINY_MOE, "model.dropout=0.0", "ffn.reg_gamma=0.0", "trainer.steps=1",
             "trainer.log_every=1", "trainer.val_every=100", "task.final_segments=1"]
-    norms = []
+    norms, losses_logged = [], []
     for accum in (1, 2):
         RUN(compose_cfg([*base, f"trainer.grad_accum={accum}"]), tmp_path / str(accum))
-        norms += [r["train/grad_norm"] for r in metrics(tmp_path / str(accum))
-                  if "train/grad_norm" in r]
+        rows = [r for r in metrics(tmp_path / str(accum)) if "train/grad_norm" in r]
+        norms += [r["train/grad_norm"] for r in rows]
+        losses_logged += [r["train/loss"] for r in rows]  # the mean over micro-batches
     assert len(norms) == 2 and norms[0] == pytest.approx(norms[1], rel=1e-4)
+    assert losses_logged[0] == pytest.approx(losses_logged[1], rel=1e-4)
 
 
 # -- from mutation testing (round 4): the run logger ------------------------------------
