@@ -129,7 +129,7 @@ def read_results(run_dir: Path) -> dict[str, Any] | None:
         return None
     try:
         return json.loads(path.read_text())
-    except json.JSONDecodeError:
+    except ValueError:  # not JSON, or not UTF-8 (UnicodeDecodeError): as if unfinished
         return None
 
 

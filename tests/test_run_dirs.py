@@ -481,3 +481,13 @@ def test_a_second_start_of_a_training_run_is_refused(tmp_path):
     finally:
         first.kill()
         first.wait()
+
+
+@pytest.mark.parametrize("content", [b"{not json", b'{"name": "\xff"}'])
+def test_a_results_file_that_does_not_parse_reads_as_unfinished(tmp_path, content):
+    """Not JSON, or not UTF-8 (a UnicodeDecodeError, which the JSON error did not cover):
+    no traceback from choosing the run directory."""
+    from framework.experiment import read_results
+
+    (tmp_path / "results.json").write_bytes(content)
+    assert read_results(tmp_path) is None
