@@ -51,17 +51,20 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
+PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
 def resolve_precision(precision: str, device: torch.device) -> torch.dtype:
     if precision == "auto":
         if device.type == "cuda" and torch.cuda.is_bf16_supported():
             return torch.bfloat16
         return torch.float32
-    return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+    return PRECISIONS[precision]
 
 
 def precision_name(dtype: torch.dtype) -> str:
     """trainer.precision's name of a compute dtype (what runs record)."""
-    return {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype]
+    return next(name for name, d in PRECISIONS.items() if d == dtype)
 
 
 def rng_state() -> dict[str, Any]:

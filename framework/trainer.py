@@ -121,7 +121,8 @@ class Trainer:
         # every code version (framework/code_version.py) that trained up to self.step
         self.code_fingerprints = [code_fingerprint()]
         # and every precision (trainer.precision=auto follows the device of each leg)
-        self.precisions = [precision_name(self.amp_dtype)]
+        self.precision = precision_name(self.amp_dtype)  # this process's
+        self.precisions = [self.precision]
 
     # -- state ---------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -268,13 +269,13 @@ class Trainer:
             self.optimizer.zero_grad(set_to_none=True)  # nan_policy == skip
             self.task.discard_step()
             totals["skipped"] = 1.0
-        elif not math.isfinite(grad_norm):  # fp16 overflow: the scaler skips the update
-            self.scaler.step(self.optimizer)
-            self._overflowed()
-            totals["skipped"] = 1.0
         else:
-            self.skipped_in_row = self.overflows_in_row = 0
-            self.scaler.step(self.optimizer)
+            self.scaler.step(self.optimizer)  # fp16 overflow: the scaler skips the update
+            if math.isfinite(grad_norm):
+                self.skipped_in_row = self.overflows_in_row = 0
+            else:
+                self._overflowed()
+                totals["skipped"] = 1.0
         self.scaler.update()
         totals["grad_norm"] = grad_norm
         totals["lr"] = self.optimizer.param_groups[0]["lr"]
@@ -401,7 +402,7 @@ class Trainer:
             tqdm.write(f"resumed from step {self.step} in {self.run_dir}")
         self._carry_on(self.code_fingerprints, code_fingerprint(), lambda before, now: (
             f"were trained by other code (code fingerprint {before}, this code's is {now})"))
-        self._carry_on(self.precisions, precision_name(self.amp_dtype), lambda was, now: (
+        self._carry_on(self.precisions, self.precision, lambda was, now: (
             f"were trained in {was}, this process computes in {now} (trainer.precision="
             f"{self.cfg.precision} on {self.device.type})"))
 

@@ -187,6 +187,7 @@ fused_fwd.register_autograd(_fused_backward, setup_context=_fused_setup)
 
 def moe_mlp_triton(x_TD, gate_TK, w1_EDG, w2_EGD, routing):
     """Eq. `moe_out` in two fused kernels forward, four (+ K-1 slot launches) backward."""
-    y_TD, _ = fused_fwd(x_TD.contiguous(), gate_TK.contiguous(), w1_EDG, w2_EGD,
+    # (the gate goes as it is: the launchers make every 1-D argument contiguous)
+    y_TD, _ = fused_fwd(x_TD.contiguous(), gate_TK, w1_EDG, w2_EGD,
                         routing.tok_R, routing.order_R, routing.off_S, _chunks(routing))
     return y_TD

@@ -234,14 +234,15 @@ class LMTask:
         # but a line every EVAL_LINE_S: a final evaluation can take minutes
         lines = progress and not sys.stderr.isatty()
         started = last = time.perf_counter()
+        stopped = False
         for i, (x_BT, y_BT) in enumerate(tqdm(batcher.segments(), total=total,
                                               disable=None if progress else True,
                                               desc=f"eval {split}", leave=False)):
             if i == total:
                 break
             if stop is not None and stop():
-                self.model.train(was_training)
-                return None
+                stopped = True
+                break
             if lines and i and (now := time.perf_counter()) - last >= EVAL_LINE_S:
                 last, left = now, (total - i) * (now - started) / i
                 tqdm.write(f"eval {split}: segment {i}/{total} | "
@@ -254,6 +255,11 @@ class LMTask:
             count += y_BT.numel()
             if starts is not None:
                 n_words = n_words + starts[y_BT].sum()
+        for f in ffns:
+            f.stats.enabled = False
+        self.model.train(was_training)
+        if stopped:
+            return None
         result: dict[str, Any] = self.metric(float(sum_ce) / max(count, 1))
         result["tokens"] = count
         if starts is not None and (n_words := int(n_words)):
@@ -261,9 +267,6 @@ class LMTask:
             result["word_ppl"] = math.exp(min(float(sum_ce) / n_words, 50.0))
         if stats:
             result["routing"] = [f.stats.summary() for f in ffns]
-        for f in ffns:
-            f.stats.enabled = False
-        self.model.train(was_training)
         return result
 
     def validate(self, stop: Callable[[], bool] | None = None) -> dict[str, Any] | None:
