@@ -19,23 +19,32 @@ class RegistryError(KeyError):
 
 
 class Registry(Generic[T]):
-    def __init__(self, what: str, how_to_add: str = "",
-                 check: Callable[[str, T], None] | None = None):
+    def __init__(self, what: str, how_to_add: str = "", own_config: bool = False):
         self.what = what
         self.how_to_add = how_to_add  # "{name}" is the looked-up name
-        self.check = check  # raises RegistryError for an entry that cannot work
+        # entries are classes that carry their frozen dataclass as `Cls.Config`: each must
+        # set its own (a subclass that forgets reads its parent's keys, silently)
+        self.own_config = own_config
         self._items: dict[str, T] = {}
 
     def register(self, name: str) -> Callable[[T], T]:
         def deco(obj: T) -> T:
             if name in self._items:
                 raise RegistryError(f"{self.what} {name!r} is registered twice")
-            if self.check is not None:
-                self.check(name, obj)
+            if self.own_config:
+                self._check_own_config(name, obj)
             self._items[name] = obj
             return obj
 
         return deco
+
+    def _check_own_config(self, name: str, cls) -> None:
+        if "Config" not in vars(cls):
+            parent = next((c.__name__ for c in cls.__mro__[1:] if "Config" in vars(c)), None)
+            raise RegistryError(
+                f"{self.what} {name!r}: set `Config = <its frozen dataclass>` in class "
+                f"{cls.__name__}" + (f" (it would use {parent}'s)" if parent else "")
+                + ", even when it adds no field")
 
     def get(self, name: str) -> T:
         if name not in self._items:

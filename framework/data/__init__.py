@@ -7,7 +7,7 @@ from framework.registry import Registry
 
 DATASETS: Registry = Registry(
     "dataset", "decorate its class with @DATASETS.register({name!r}) and import its "
-    "module in framework/data/__init__.py")
+    "module in framework/data/__init__.py", own_config=True)
 
 from framework.data import (  # noqa: E402,F401  (fill the registry)
     enwik8,
