@@ -24,12 +24,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from scripts.run_files import (  # noqa: E402
+    UNREADABLE,
     as_seed,
     read_result,
+    read_yaml,
     real,
     results_files,
     run_roots,
@@ -55,10 +55,7 @@ def config_without_seed(run_dir: Path) -> str:
     when it cannot be read (not UTF-8: a UnicodeDecodeError is a ValueError)."""
     from framework.experiment import config_hash
 
-    try:
-        cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
-    except (OSError, ValueError, yaml.YAMLError):
-        return ""
+    cfg = read_yaml(run_dir / "config.yaml")
     if not isinstance(cfg, dict):
         return ""
     return config_hash({**cfg, "trainer": {**(cfg.get("trainer") or {}), "seed": None}})[:7]
@@ -70,7 +67,7 @@ def find(roots: list[Path], names: list[str]) -> dict[Row, dict[Any, dict[str, A
     for path in results_files(roots):
         res = read_result(path)
         if isinstance(res, str):
-            print(f"warning: {path}: unreadable results.json ({res})", file=sys.stderr)
+            print(f"warning: {path}: {UNREADABLE} ({res})", file=sys.stderr)
             continue
         name = str(res["name"])
         if names and not any(fnmatch.fnmatchcase(name, pat) for pat in names):

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from scripts.paper_tables import configs_of, load_experiment  # noqa: E402
 from scripts.run_files import real, run_roots  # noqa: E402
 from scripts.run_results import (  # noqa: E402
     Skipped,
@@ -168,8 +169,6 @@ def exp_name(data: str, variant: str) -> str:
 def mini_rows(exp_dir: Path) -> dict[str, str]:
     """variant -> row label of its `paper:` entry (table `mini`) in configs/exp/; a file that
     does not parse is one line naming it, as in scripts/paper_tables.py (not a traceback)."""
-    from scripts.paper_tables import configs_of, load_experiment  # it imports this module
-
     rows, configs = {}, configs_of(exp_dir)
     for path in sorted(exp_dir.glob("mini_*_*.yaml")):
         for entry in load_experiment(path, configs).entries:

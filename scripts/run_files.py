@@ -12,6 +12,10 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+import yaml
+
+UNREADABLE = "unreadable results.json"  # ... for a file with no usable name, metric or seed
+
 
 def run_roots(given: list[Path] | None, default: Path) -> list[Path]:
     """The --runs roots: each given one must be a directory (a typo would list every run as
@@ -89,6 +93,15 @@ def _unreadable(res: Any) -> str | None:
     if as_seed(res["seed"]) is None:
         return f"seed {res['seed']!r} is not an integer"
     return None
+
+
+def read_yaml(path: Path) -> Any:
+    """A run's YAML record (config.yaml, overrides.yaml); None when it cannot be read:
+    missing, not YAML, or not UTF-8 (a UnicodeDecodeError is a ValueError)."""
+    try:
+        return yaml.safe_load(path.read_text())
+    except (OSError, ValueError, yaml.YAMLError):
+        return None
 
 
 def read_result(path: Path) -> dict[str, Any] | str:

@@ -42,11 +42,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # `python scripts/run_results.py` says which script to run
-from scripts.run_files import as_seed, read_result, real, results_files  # noqa: E402
+from scripts.run_files import (  # noqa: E402
+    UNREADABLE,
+    as_seed,
+    read_result,
+    read_yaml,
+    real,
+    results_files,
+)
 
 SEED_KEYS = {"trainer.seed"}
 
@@ -69,7 +74,6 @@ class Run:
 
 OVERRIDDEN = "†"  # marks a cell that counts runs of other settings (`all_overrides`)
 STALE = "config differs from"  # the start of a Skipped's why for a run of another config
-UNREADABLE = "unreadable results.json"  # ... for a file with no usable name, metric or seed
 
 
 @dataclass(frozen=True)
@@ -82,6 +86,10 @@ class Skipped:
 
     def __str__(self) -> str:
         return f"{self.path}: {self.why}"
+
+    @property
+    def run_dir(self) -> Path:
+        return self.path.parent if self.name is None else self.path
 
 
 def run_overrides(run_dir: Path, name: str) -> str | None:
@@ -110,10 +118,7 @@ def recorded_overrides(run_dir: Path) -> str | None:
     record that cannot be read (not UTF-8: a UnicodeDecodeError is a ValueError)."""
     from framework.cli import OVERRIDES
 
-    try:
-        record = yaml.safe_load((run_dir / OVERRIDES).read_text())
-    except (OSError, ValueError, yaml.YAMLError):
-        return None
+    record = read_yaml(run_dir / OVERRIDES)
     dirname = record.get("dirname") if isinstance(record, dict) else None
     return dirname if isinstance(dirname, str) else None
 
@@ -424,9 +429,8 @@ def fresh_in_sweep(sweep: str, skipped: Iterable[Skipped]) -> set[tuple[str, int
     whatever else it lacks: without fresh=true the suggested command did nothing)."""
     out = set()
     for s in skipped:
-        path = s.path.resolve()  # `--runs .` inside the sweep's directory
-        if s.name is None and s.why.startswith(UNREADABLE):  # no name: its directory's
-            path = path.parent
+        path = s.run_dir.resolve()  # `--runs .` inside the sweep's directory
+        if s.name is None:  # an unreadable file: no name but its directory's
             name = path.parent.name
         elif s.why.startswith(STALE):
             name = s.name
@@ -444,7 +448,7 @@ def skipped_of(skipped: Iterable[Skipped], names: set[str]) -> list[Skipped]:
     fresh=true name them (`<name>/<overrides>`, `<name>-2`); listed under their table, not
     on stderr alone."""
     return [s for s in skipped if s.name in names or s.name is None and names & {
-        re.sub(r"-\d+$", "", part) for part in s.path.absolute().parent.parts}]
+        re.sub(r"-\d+$", "", part) for part in s.run_dir.absolute().parts}]
 
 
 if __name__ == "__main__":  # a library without a CLI: say which scripts read the runs
