@@ -82,13 +82,16 @@ def code_version(trained_with: list[str] | None = None) -> dict[str, object]:
 LIBRARIES = ("torch", "triton", "numpy", "sentencepiece")  # what moves a run's numbers
 
 
+def installed_version(name: str) -> str | None:
+    """The installed distribution's version; None when it is not installed."""
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
 def library_versions() -> dict[str, str | None]:
     """results.json's `libraries`: Python's version and those of LIBRARIES (None: not
     installed). The dependencies have open upper bounds: a run says what it ran with."""
-    def version(name: str) -> str | None:
-        try:
-            return importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            return None
-
-    return {"python": platform.python_version(), **{n: version(n) for n in LIBRARIES}}
+    return {"python": platform.python_version(),
+            **{n: installed_version(n) for n in LIBRARIES}}

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import bz2
 import hashlib
-import importlib.metadata
 import importlib.resources
 from dataclasses import dataclass
 
+from framework.code_version import installed_version
 from framework.data import DATASETS
 from framework.data.base import (
     DataError,
@@ -26,11 +26,8 @@ WIKI_XML = "enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2
 
 def embedded_source() -> dict[str, str]:
     """The embedded file, identified by its name and the gensim release that ships it."""
-    try:
-        gensim = importlib.metadata.version("gensim")
-    except importlib.metadata.PackageNotFoundError:
-        gensim = "missing"  # embedded_wiki_xml() then says how to install it
-    return {"file": WIKI_XML, "gensim": gensim}
+    # "missing": embedded_wiki_xml() then says how to install it
+    return {"file": WIKI_XML, "gensim": installed_version("gensim") or "missing"}
 
 
 def embedded_wiki_xml() -> bytes:
