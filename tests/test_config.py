@@ -12,7 +12,7 @@ from framework.registry import Registry, RegistryError
 from models.ffn import FFNS
 from models.ffn.sigma_moe import SigmaMoEConfig
 from tasks.lm import build_model_config
-from tests.helpers import compose_cfg
+from tests.helpers import TINY, TINY_MOE, compose_cfg
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -124,6 +124,15 @@ def test_every_default_group_composes_and_validates():
     for exp in ("mini_moe", "mini_dense"):
         model_cfg = build_model_config(compose_cfg([], exp), 201)
         assert model_cfg.mem_len == 128 and model_cfg.eval_mem_len == 4 * 128
+
+
+def test_memory_lengths_follow_the_task_segments():
+    """Not only at the defaults (1 and 4 segments): the model's memory follows both."""
+    cfg = compose_cfg([*TINY, *TINY_MOE, "task.train_mem_segments=2",
+                       "task.eval_mem_segments=3"])
+    model_cfg = build_model_config(cfg, 50)
+    context = cfg["task"]["context"]
+    assert (model_cfg.mem_len, model_cfg.eval_mem_len) == (2 * context, 3 * context)
 
 
 def test_cli_errors_are_one_line(tmp_path):

@@ -41,12 +41,7 @@ def test_nan_stops_with_a_message_and_keeps_last_good_checkpoint(tmp_path, monke
 def test_nan_loss_stops_under_fp16_too(tmp_path, monkeypatch):
     """The fp16 loss scaler skips steps whose gradients overflow; a NaN loss is not such an
     overflow and still follows nan_policy (stop)."""
-    from tasks.lm import LMTask
-
-    real = LMTask.train_losses
-    nan = float("nan")
-    monkeypatch.setattr(LMTask, "train_losses", lambda self, n: (
-        (loss * nan, {**m, "loss": m["loss"] * nan}) for loss, m in real(self, n)))
+    nan_losses_at(monkeypatch, lambda n: True)
     with pytest.raises(TrainingDiverged, match="at step 1") as err:
         RUN(compose_cfg([*OVERRIDES, "trainer.precision=fp16"]), tmp_path)
     # before the first checkpoint the message promises none

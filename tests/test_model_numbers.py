@@ -1,6 +1,6 @@
 """The model and the LM task against closed forms where a shared oracle cannot tell: the
 sinusoid frequencies, evaluation with dropout configured, the training cross-entropy, the
-metrics, the memory lengths and the tokens a step counts (gaps found by mutation testing:
+metrics and the tokens a step counts (gaps found by mutation testing:
 each test here failed on a mutant the rest of the suite let through)."""
 import math
 
@@ -45,17 +45,6 @@ def test_metrics_are_exp_and_bits_of_the_ce():
     assert task.metric(60.0)["ppl"] == pytest.approx(math.exp(50.0))  # the overflow guard
     task.data.metric = "bpc"
     assert task.metric(10.0)["bpc"] == pytest.approx(10.0 / math.log(2))
-
-
-def test_memory_lengths_follow_the_task_segments():
-    from tasks.lm import build_model_config
-    from tests.helpers import TINY, TINY_MOE, compose_cfg
-
-    cfg = compose_cfg([*TINY, *TINY_MOE, "task.train_mem_segments=2",
-                       "task.eval_mem_segments=3"])
-    model_cfg = build_model_config(cfg, 50)
-    context = cfg["task"]["context"]
-    assert (model_cfg.mem_len, model_cfg.eval_mem_len) == (2 * context, 3 * context)
 
 
 def test_tokens_per_step_is_the_global_batch():

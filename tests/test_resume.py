@@ -156,17 +156,8 @@ def test_a_resume_in_another_precision_says_so_and_results_list_both(tmp_path, m
     from framework import trainer as trainer_module
 
     cfg = compose_cfg([*TINY, *TINY_MOE, "trainer.steps=4", "trainer.ckpt_every=2"])
-    real_step = Trainer.train_step
-
-    def stop_at_3(self):
-        if self.step == 2:
-            raise RuntimeError("stopped")
-        return real_step(self)
-
     monkeypatch.setattr(trainer_module, "resolve_precision", lambda p, d: torch.bfloat16)
-    monkeypatch.setattr(Trainer, "train_step", stop_at_3)
-    with pytest.raises(RuntimeError, match="stopped"):
-        RUN(cfg, tmp_path)
+    interrupt_after_first_checkpoint(monkeypatch, cfg, tmp_path)
     assert load_checkpoint(tmp_path / "checkpoint_00000002.pt")["precisions"] == ["bf16"]
     monkeypatch.undo()
     capsys.readouterr()
