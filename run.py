@@ -12,14 +12,14 @@ try:  # a Ctrl-C while Python imports (torch: a second or two) is one line, not 
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import DictConfig, OmegaConf
 
-    from framework.cli import (
+    from sigma_moe.framework.cli import (
         exit_if_jobs_failed,
         handle_errors,
         prepare_argv,
         removable_up_to,
     )
-    from framework.config import check_top_level
-    from framework.run_dirs import prepare_run_dir, remove_if_empty
+    from sigma_moe.framework.config import check_top_level
+    from sigma_moe.framework.run_dirs import prepare_run_dir, remove_if_empty
 except KeyboardInterrupt:
     sys.exit(130)
 
@@ -33,8 +33,8 @@ def main(cfg: DictConfig):
         run_dir = Path(HydraConfig.get().runtime.output_dir)  # Hydra has created it
         try:
             # imported here (a second or so), so that a Ctrl-C meanwhile leaves no empty dir
-            from framework.loggers import console_logging
-            from tasks import TASKS
+            from sigma_moe.framework.loggers import console_logging
+            from sigma_moe.tasks import TASKS
 
             console_logging()
             # a training run locks its directory until it ends (each job of a sweep in

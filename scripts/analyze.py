@@ -9,7 +9,7 @@
 For each run (a run directory: its config.yaml and newest valid checkpoint; or one
 checkpoint file inside a run directory) the model and data are rebuilt exactly as the run
 built them, one evaluation pass with routing statistics runs (`LMTask.evaluate(...,
-stats=True)`, the numbers of models/ffn/base.py `RoutingStats.summary()`), and the figures
+stats=True)`, the numbers of sigma_moe/models/ffn/base.py `RoutingStats.summary()`), and the figures
 are drawn, each as PNG and PDF, beside `analysis.json` with every number they show (by
 default in `<first run>/analysis/<split>/`, `valid+test` when pooled, so analyses of
 different splits do not overwrite each other; figures of an earlier analysis there that
@@ -61,8 +61,8 @@ def run_config(path: Path, dev) -> dict[str, Any]:
     import yaml
     from omegaconf import DictConfig, OmegaConf
 
-    from framework.config import ConfigError, first_line, from_dict
-    from tasks.lm import LMTaskConfig, build_model_config
+    from sigma_moe.framework.config import ConfigError, first_line, from_dict
+    from sigma_moe.tasks.lm import LMTaskConfig, build_model_config
 
     if not path.exists():
         raise ConfigError(f"{path} does not exist: pass a run directory or a checkpoint in one")
@@ -99,7 +99,7 @@ def runnable_backend(model_cfg, dev):
 
     import torch
 
-    from tasks.lm_run import backend_problem
+    from sigma_moe.tasks.lm_run import backend_problem
 
     ffn = model_cfg.ffn
     problem = backend_problem(ffn, dev, torch.float32)  # the evaluation: float32, no dropout
@@ -112,8 +112,8 @@ def runnable_backend(model_cfg, dev):
 
 def resolve_device(name: str):
     """--device, checked before anything is loaded (framework.trainer says trainer.device)."""
-    from framework.config import ConfigError
-    from framework.runtime import resolve_device as resolve
+    from sigma_moe.framework.config import ConfigError
+    from sigma_moe.framework.runtime import resolve_device as resolve
 
     try:
         return resolve(name)
@@ -127,9 +127,9 @@ def load_run(run: dict[str, Any], datasets: dict[str, Any]) -> dict[str, Any]:
     a dataset not prepared on this machine."""
     import dataclasses
 
-    from framework.checkpoint import CheckpointError, load_checkpoint, load_latest
-    from models.transformer_xl import TransformerXL
-    from tasks.lm import load_data
+    from sigma_moe.framework.checkpoint import CheckpointError, load_checkpoint, load_latest
+    from sigma_moe.models.transformer_xl import TransformerXL
+    from sigma_moe.tasks.lm import load_data
 
     path, run_dir = run["path"], run["run_dir"]
     try:
@@ -162,7 +162,7 @@ def analyze(run: dict[str, Any], dev, splits: tuple[str, ...] = ("valid",),
     paper's Fig. 1 pools valid and test); the numbers of every figure."""
     import torch
 
-    from tasks.lm import LMTask
+    from sigma_moe.tasks.lm import LMTask
 
     run_dir, task_cfg, data = run["run_dir"], run["task_cfg"], run["data"]
     model = run.pop("model").to(dev)  # handed over: one model on the device at a time
@@ -334,7 +334,7 @@ def write_figures(runs: list[dict[str, Any]], out: Path,
     """Every figure that applies to these runs, and analysis.json with their numbers (written
     whole or not at all: an earlier analysis is not lost to a full disk); the figures of an
     earlier analysis in `out` that this one does not redraw are removed."""
-    from framework.checkpoint import atomic_write_bytes
+    from sigma_moe.framework.checkpoint import atomic_write_bytes
 
     out.mkdir(parents=True, exist_ok=True)
     paths = plot_active(runs, out) + plot_usage(runs, out, layer)
@@ -348,7 +348,7 @@ def write_figures(runs: list[dict[str, Any]], out: Path,
 def check_writable(out: Path) -> None:
     """The output folder, created and probed before the evaluation: an --out that cannot be
     written failed only after it."""
-    from framework.config import ConfigError
+    from sigma_moe.framework.config import ConfigError
 
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -384,10 +384,10 @@ def main(argv: list[str] | None = None) -> list[Path]:
     args = ap.parse_args(argv)
     if args.max_segments is not None and args.max_segments < 0:
         ap.error(f"--max-segments {args.max_segments}: must be >= 0 (0 = the whole split)")
-    from framework.checkpoint import CheckpointError
-    from framework.config import ConfigError, first_line, is_environment_error
-    from framework.data import DataError
-    from framework.registry import RegistryError
+    from sigma_moe.framework.checkpoint import CheckpointError
+    from sigma_moe.framework.config import ConfigError, first_line, is_environment_error
+    from sigma_moe.framework.data import DataError
+    from sigma_moe.framework.registry import RegistryError
 
     try:
         return analyze_all(ap, args)
@@ -428,10 +428,10 @@ def distinct_labels(runs: list[dict[str, Any]]) -> None:
 
 
 def has_experts(ffn_kind: str) -> bool:
-    """Whether the ffn variant chooses experts (models/ffn/experts.py `ExpertsFFN`: sigma_moe,
-    switch, sbase): only those record the routing the expert figures draw."""
-    from models.ffn import FFNS
-    from models.ffn.experts import ExpertsFFN
+    """Whether the ffn variant chooses experts (`ExpertsFFN` of sigma_moe/models/ffn/experts.py:
+    sigma_moe, switch, sbase): only those record the routing the expert figures draw."""
+    from sigma_moe.models.ffn import FFNS
+    from sigma_moe.models.ffn.experts import ExpertsFFN
 
     return issubclass(FFNS.get(ffn_kind), ExpertsFFN)
 
@@ -441,8 +441,8 @@ def check_expert_layer(ap: argparse.ArgumentParser, configs: list[dict[str, Any]
     """--layer asks for the expert usage and co-occurrence figures: a run without experts
     has none (a dense run's analysis wrote neither, silently), so it is left out of them,
     and with no MoE run at all nothing is evaluated."""
-    from framework.config import ConfigError
-    from models.ffn import FFNS
+    from sigma_moe.framework.config import ConfigError
+    from sigma_moe.models.ffn import FFNS
 
     moe = [c for c in configs if has_experts(c["model_cfg"].ffn_kind)]
     if not moe:

@@ -1,10 +1,11 @@
 """Every config the Triton autotuners timed, per kernel and key, from Triton's own record.
 
-The CVMM kernels (paper Eq. `cvmm`) autotune with `cache_results` (kernels/triton_tuning.py):
-Triton writes each key's timings of every config it tried to `<fn>.autotune.json` in its
-cache folder, whichever process tuned it. This reads them all back and prints, per key,
-the configs from fastest to slowest: graph-replay median (us), ratio to the fastest, and
-the operand traffic of the config's tile relative to the key's least,
+The CVMM kernels (paper Eq. `cvmm`) autotune with `cache_results`
+(sigma_moe/kernels/triton_tuning.py): Triton writes each key's timings of every config it
+tried to `<fn>.autotune.json` in its cache folder, whichever process tuned it. This reads
+them all back and prints, per key, the configs from fastest to slowest: graph-replay median
+(us), ratio to the fastest, and the operand traffic of the config's tile relative to the
+key's least,
 
     operand bytes per FLOP  ~  1 / BLOCK_M + 1 / BLOCK_N      (dims clamped to the problem's)
 
@@ -33,8 +34,8 @@ from scripts.bench_common import exit_without_triton  # noqa: E402
 
 exit_without_triton(__name__, __file__)  # before Triton is imported
 
-from kernels.triton_launch import TUNED  # noqa: E402
 from scripts.bench_common import write_json  # noqa: E402
+from sigma_moe.kernels.triton_launch import TUNED  # noqa: E402
 
 TILE = ("BLOCK_M", "BLOCK_N", "BLOCK_K")
 

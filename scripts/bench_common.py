@@ -123,13 +123,13 @@ def write_json(path: Path, out: dict | list) -> None:
 
 def precompile(*fns) -> None:
     """On CUDA: compile the autotune configs of the Triton launches that fns make, in
-    parallel, before anything times them (kernels/triton_precompile.py; off with
+    parallel, before anything times them (sigma_moe/kernels/triton_precompile.py; off with
     SIGMA_MOE_PRECOMPILE=0); says what it did."""
-    import kernels
+    from sigma_moe import kernels
 
     if not (fns and torch.cuda.is_available() and kernels.HAS_TRITON):
         return
-    from kernels.triton_precompile import precompile as compile_ahead
+    from sigma_moe.kernels.triton_precompile import precompile as compile_ahead
 
     print(compile_ahead(lambda: [fn() for fn in fns]).line)
 
@@ -165,7 +165,7 @@ def exit_without_triton(module: str, path: str) -> None:
     """For a script of Triton kernels, called with its __name__ and __file__ before it
     imports Triton: run as a script (not imported), one line and exit 1 where Triton does
     not import (macOS, Windows, an install without it)."""
-    import kernels
+    from sigma_moe import kernels
 
     if module == "__main__" and not kernels.HAS_TRITON:
         script = Path(path).name
@@ -176,7 +176,7 @@ def exit_without_triton(module: str, path: str) -> None:
 def triton_device(script: str) -> tuple[str, str]:
     """(device, its name) for a script that times Triton kernels: a CUDA device, or the CPU
     under the Triton interpreter (a smoke test); a one-line error anywhere else."""
-    from kernels import TRITON_INTERPRET
+    from sigma_moe.kernels import TRITON_INTERPRET
 
     if torch.cuda.is_available():
         return "cuda", torch.cuda.get_device_name()

@@ -33,14 +33,6 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import kernels  # noqa: E402
-from kernels.testing import (  # noqa: E402
-    compare,
-    over_tolerance,
-    random_case,
-    reference_case,
-    run_case,
-)
 from scripts.bench_common import (  # noqa: E402
     DTYPES,
     check_device,
@@ -57,6 +49,14 @@ from scripts.bench_common import (  # noqa: E402
     write_json,
 )
 from scripts.bench_roofline import bytes_moved, device_peaks, flops  # noqa: E402
+from sigma_moe import kernels  # noqa: E402
+from sigma_moe.kernels.testing import (  # noqa: E402
+    compare,
+    over_tolerance,
+    random_case,
+    reference_case,
+    run_case,
+)
 
 BACKENDS = ("triton", "triton_unfused", "grouped_mm", "torch", "reference")
 # layers that run with no host sync, so that a CUDA graph captures them; the torch path and
@@ -123,7 +123,7 @@ def make_layers(c: dict, T: int, K: int, device: str, dtype: torch.dtype, backen
     gen = dict(device=device, dtype=dtype)
     x = torch.randn(T, D, **gen).requires_grad_()
     gy = torch.randn(T, D, **gen)
-    # the project's dense FFN (models/ffn/dense.py): Linear (with bias), ReLU, Linear
+    # the project's dense FFN (sigma_moe/models/ffn/dense.py): Linear (with bias), ReLU, Linear
     W1 = (torch.randn(F, D, **gen) * D**-0.5).requires_grad_()
     W2 = (torch.randn(D, F, **gen) * F**-0.5).requires_grad_()
     b1, b2 = torch.zeros(F, **gen).requires_grad_(), torch.zeros(D, **gen).requires_grad_()
@@ -140,7 +140,7 @@ def make_layers(c: dict, T: int, K: int, device: str, dtype: torch.dtype, backen
         return torch.relu(x @ W1.T) @ W2.T, (x, W1, W2)
 
     def moe(backend, n_chunks=None):
-        # the sigma-MoE selection as models/ffn/experts.py makes it (Triton top-K on CUDA)
+        # the sigma-MoE selection as sigma_moe/models/ffn/experts.py makes it (Triton top-K on CUDA)
         select = kernels.selection_backend(backend)
 
         def forward():

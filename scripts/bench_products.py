@@ -21,12 +21,12 @@ What each comparison answers (benchmarks/gpu_h200.md items 8 and 9):
 - wgrad: a token's K rows belong to K experts, each walked by its own programs, slot
   segment after slot segment: the token's reads come a quarter of a walk apart (~67 MB of
   other rows between them, about the L2) even where all those programs run at once. The
-  routing's token chunks (kernels/routing.py, `make_routing(n_chunks=C)`) order an
+  routing's token chunks (sigma_moe/kernels/routing.py, `make_routing(n_chunks=C)`) order an
   expert's rows (chunk, slot, token), so the K reads come close in time: a faster
   interleaved order says they came from DRAM, and the layer's wgrad should walk that order.
 - wgrad skewed: one program an output tile and expert waits on the busiest expert; the
   layer's launch cuts an expert's rows into chunks of at most 1.25x the mean
-  (kernels/triton_launch.py WGRAD_CHUNK) and sums the chunks' partials: `one chunk an
+  (sigma_moe/kernels/triton_launch.py WGRAD_CHUNK) and sums the chunks' partials: `one chunk an
   expert` over it (`x layer` > 1) is what the chunks save.
 - scatter: its time over bmm's is what the read-modify-write of the token rows costs. Its
   K launches each read and write all T output rows (67 MB at the target case, more than
@@ -65,10 +65,6 @@ exit_without_triton(__name__, __file__)  # before Triton is imported
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from kernels import triton_launch as L  # noqa: E402
-from kernels.testing import TOLERANCE, rel_err, uneven_experts  # noqa: E402
-from kernels.triton_launch import EPI_RELU  # noqa: E402
-from kernels.triton_tuning import _INTERPRET_BLOCKS, _dot_args, cdiv  # noqa: E402
 from scripts.bench_common import (  # noqa: E402
     DTYPES,
     ROOT,
@@ -86,6 +82,10 @@ from scripts.bench_common import (  # noqa: E402
 )
 from scripts.bench_moe import GPU_TARGET  # noqa: E402
 from scripts.profile_moe import autotuned  # noqa: E402
+from sigma_moe.kernels import triton_launch as L  # noqa: E402
+from sigma_moe.kernels.testing import TOLERANCE, rel_err, uneven_experts  # noqa: E402
+from sigma_moe.kernels.triton_launch import EPI_RELU  # noqa: E402
+from sigma_moe.kernels.triton_tuning import _INTERPRET_BLOCKS, _dot_args, cdiv  # noqa: E402
 
 LAYER, BMM = "layer", "bmm"  # every product's first and last variant
 # the rearranged variants sum the same terms in another order: tighter than a dtype's
@@ -215,10 +215,10 @@ def parse_args(argv=None) -> argparse.Namespace:
 def products(args, device) -> tuple[dict[str, dict], list[int]]:
     """(product -> variant -> fn: the layer's launch first, bmm last (see the docstring);
     the rows of each (expert, slot) segment of the layer's routing)."""
-    from kernels.routing import make_routing
+    from sigma_moe.kernels.routing import make_routing
 
     # looked up when called: a test swaps in a launcher of its own
-    from kernels.triton_launch import gather_mm, scatter_mm, wgrad
+    from sigma_moe.kernels.triton_launch import gather_mm, scatter_mm, wgrad
 
     T, D, E, G, K = args.tokens, args.d_model, args.n_experts, args.expert_size, args.k
     R, dtype = T * K, DTYPES[args.dtype]

@@ -1,6 +1,6 @@
 """Time Transformer-XL's relative shift with its causal mask, forward and backward: the
-torch.where on a strided view (models/attention.py) against the Triton kernels
-(kernels/triton_relshift.py) that a CUDA run uses, at the attention shapes of
+torch.where on a strided view (sigma_moe/models/attention.py) against the Triton kernels
+(sigma_moe/kernels/triton_relshift.py) that a CUDA run uses, at the attention shapes of
 scripts/bench_train.py (heads x batch x segment T x 2T keys).
 
 Both only move values, so they are first checked equal bit for bit. Then medians of
@@ -28,8 +28,6 @@ from scripts.bench_common import exit_without_triton  # noqa: E402
 
 exit_without_triton(__name__, __file__)  # before Triton is imported
 
-from kernels.triton_relshift import relshift_bias, relshift_bias_grad  # noqa: E402
-from models.attention import bd_width, position_bias, position_bias_grad  # noqa: E402
 from scripts.bench_common import (  # noqa: E402
     DTYPES,
     device_slug,
@@ -41,6 +39,8 @@ from scripts.bench_common import (  # noqa: E402
     write_json,
 )
 from scripts.bench_train import SHAPES  # noqa: E402
+from sigma_moe.kernels.triton_relshift import relshift_bias, relshift_bias_grad  # noqa: E402
+from sigma_moe.models.attention import bd_width, position_bias, position_bias_grad  # noqa: E402
 
 
 def parse_args(argv=None) -> tuple[argparse.Namespace, list[str]]:

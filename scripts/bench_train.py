@@ -28,9 +28,6 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from models.ffn.dense import DenseConfig  # noqa: E402
-from models.ffn.sigma_moe import SigmaMoEConfig  # noqa: E402
-from models.transformer_xl import TransformerXL, TransformerXLConfig, n_params  # noqa: E402
 from scripts.bench_common import (  # noqa: E402
     DTYPES,
     check_device,
@@ -43,6 +40,9 @@ from scripts.bench_common import (  # noqa: E402
     sync,
     write_json,
 )
+from sigma_moe.models.ffn.dense import DenseConfig  # noqa: E402
+from sigma_moe.models.ffn.sigma_moe import SigmaMoEConfig  # noqa: E402
+from sigma_moe.models.transformer_xl import TransformerXL, TransformerXLConfig, n_params  # noqa: E402
 
 # name: (d_model, layers, heads, head_dim, ctx, batch, vocab, dense d_ff, N_E, G, K,
 #        dropout, expert dropout delta, gamma) of configs/exp/ wt103_small_*, wt103_big_*

@@ -9,7 +9,7 @@ the selector W3. The paper compares each MoE with the parameter-equal dense bloc
 linear projection used to select the experts"), so the factor is K * G / (N_E * G) = K / N_E
 for both FLOPs and memory: 4/16 = 25.0%, 4/128 = 3.1%, 4/32 = 12.5%, ...
 
-The arithmetic lives in models/flops.py; this module applies it to raw (uncomposed) exp
+The arithmetic lives in sigma_moe/models/flops.py; this module applies it to raw (uncomposed) exp
 configs. `include_selector=True` adds the selector's N_E * d_model to the MoE's cost (an extra our
 tables can show; it is not what the paper reports).
 """
@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from models.ffn.experts import ExpertsConfig  # noqa: E402
-from models.flops import relative_ffn_flops  # noqa: E402
+from sigma_moe.models.ffn.experts import ExpertsConfig  # noqa: E402
+from sigma_moe.models.flops import relative_ffn_flops  # noqa: E402
 
 MOE_KINDS = ("sigma_moe", "switch", "sbase")
 

@@ -326,7 +326,8 @@ def render_throughput(c: Collected, rows: dict[str, str]) -> str:
     lines += ["", "tok/s: median of the run's logged `train/tokens_per_s`, mean over seeds; "
               "train s: results.json `train_seconds`; a shared machine makes both noisy."]
     if no_rss and c.speed:  # runs counted, none recording it (made before it was recorded)
-        lines.append("peak RSS: not in results.json (needs `peak_rss_mb`, tasks/lm_run.py).")
+        lines.append("peak RSS: not in results.json (needs `peak_rss_mb`, "
+                     "sigma_moe/tasks/lm_run.py).")
     return "\n".join(lines) + "\n"
 
 

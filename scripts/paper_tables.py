@@ -38,7 +38,6 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from framework.config import chosen_groups, first_line  # noqa: E402
 from scripts.flops_table import config_relative_flops, format_percent  # noqa: E402
 from scripts.run_files import real, run_roots  # noqa: E402
 from scripts.run_results import (  # noqa: E402
@@ -63,6 +62,7 @@ from scripts.run_versions import (  # noqa: E402
     precision_versions,
 )
 from scripts.wandb_runs import wandb_runs  # noqa: E402
+from sigma_moe.framework.config import chosen_groups, first_line  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 VALID_SPLIT_DATASETS = {"c4", "pes2o"}

@@ -26,10 +26,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 try:  # a Ctrl-C while these import (torch: a second) is no traceback
-    from framework.config import ConfigError, from_dict, is_environment_error  # noqa: E402
-    from framework.data import DATASETS, DataError  # noqa: E402
-    from framework.data.cache import prepared_only  # noqa: E402
-    from framework.loggers import console_logging  # noqa: E402
+    from sigma_moe.framework.config import ConfigError, from_dict, is_environment_error  # noqa: E402
+    from sigma_moe.framework.data import DATASETS, DataError  # noqa: E402
+    from sigma_moe.framework.data.cache import prepared_only  # noqa: E402
+    from sigma_moe.framework.loggers import console_logging  # noqa: E402
 except KeyboardInterrupt:
     sys.exit(130)
 

@@ -75,7 +75,7 @@ def autotuned() -> dict[str, dict[str, str]]:
     """The block sizes each Triton autotuner chose, by kernel and key (shapes, dtypes,
     variant)."""
     try:
-        from kernels.triton_launch import TUNED
+        from sigma_moe.kernels.triton_launch import TUNED
     except ImportError:
         return {}
     return {name: {str(k): str(v) for k, v in getattr(tuned.launcher, "cache", {}).items()}

@@ -6,7 +6,7 @@ scripts/run_files.py finds and can read) belongs to the experiment whose `name` 
 (configs/exp/<name>.yaml); its seed is results["seed"].
 It counts as a seed of that experiment only if it trained the experiment's config as the
 file says now: the `config_hash` its results.json records must be one of the hashes of
-`+exp=<name> trainer.seed=<seed>` (framework/experiment.py `run_hashes`; composed here
+`+exp=<name> trainer.seed=<seed>` (sigma_moe/framework/experiment.py `run_hashes`; composed here
 with Hydra as run.py composes it, once per experiment). Otherwise it is left out, as a
 `Skipped` record with why:
 
@@ -19,12 +19,12 @@ with Hydra as run.py composes it, once per experiment). Otherwise it is left out
 
 A results.json with no `config_hash` (made before runs recorded it) cannot be checked: it
 counts when its directory shows no other overrides, with a warning on stderr. wandb runs
-(scripts/wandb_runs.py) count when finished, read from the config/summary tasks/lm_run.py
+(scripts/wandb_runs.py) count when finished, read from the config/summary sigma_moe/tasks/lm_run.py
 logs; wandb has no `config_hash`, so their logged config itself is compared with the
 experiment's.
 
 The hash says which config a run trained, not which code: scripts/run_versions.py lists, under a
-table, the versions of the code (framework/code_version.py) that trained its counted runs
+table, the versions of the code (sigma_moe/framework/code_version.py) that trained its counted runs
 when they are not all the current one; `data_versions` lists the versions of a dataset's
 tokens (the sha256s a run records) when its counted runs read more than one.
 """
@@ -98,7 +98,7 @@ def run_overrides(run_dir: Path, name: str) -> str | None:
     suffix goes when the directory it was made beside exists (`trainer.lr=1e-3` keeps it).
     Where the run recorded them (overrides.yaml), from there: a name over 120 characters is
     cut to a hash."""
-    from framework.cli import dirname, undirname
+    from sigma_moe.framework.cli import dirname, undirname
 
     pat = re.compile(rf"^{re.escape(name)}(-\d+)?$")
     if pat.match(run_dir.name):
@@ -114,9 +114,9 @@ def run_overrides(run_dir: Path, name: str) -> str | None:
 
 def recorded_overrides(run_dir: Path) -> str | None:
     """The uncut overrides of its directory's name that a run recorded
-    (framework/run_dirs.py `write_overrides`); None for a run from before it did, or a
+    (sigma_moe/framework/run_dirs.py `write_overrides`); None for a run from before it did, or a
     record that cannot be read (not UTF-8: a UnicodeDecodeError is a ValueError)."""
-    from framework.cli import OVERRIDES
+    from sigma_moe.framework.cli import OVERRIDES
 
     record = read_yaml(run_dir / OVERRIDES)
     dirname = record.get("dirname") if isinstance(record, dict) else None
@@ -155,8 +155,8 @@ def compose_experiments(exp_dir: Path, names: Iterable[str]) -> dict[str, dict[s
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    from framework.cli import register_resolvers
-    from framework.config import first_line
+    from sigma_moe.framework.cli import register_resolvers
+    from sigma_moe.framework.config import first_line
 
     todo = sorted(n for n in set(names) if (exp_dir / f"{n}.yaml").is_file())
     if not todo:
@@ -198,7 +198,7 @@ class Judge:
                     logged: dict[str, Any] | None = None) -> tuple[bool | None, str]:
         """(whether the run trained the experiment's config, None when it cannot be told;
         why not). `run_hash`: its results.json's; `logged`: its config as wandb logged it."""
-        from framework.experiment import config_hash, run_hashes
+        from sigma_moe.framework.experiment import config_hash, run_hashes
 
         where = _shown(self.exp_dir / f"{name}.yaml")
         cfg = self.configs.get(name)
@@ -393,7 +393,7 @@ def overridden_runs(runs: Iterable[Run]) -> list[str]:
 # -- what is missing --------------------------------------------------------------------------
 def sweep_seeds(sweep: str) -> list[int]:
     """The seeds configs/sweep/<sweep>.yaml trains each experiment with."""
-    from framework.cli import sweep_params
+    from sigma_moe.framework.cli import sweep_params
 
     return [int(s) for s in str(sweep_params(sweep)["trainer.seed"]).split(",")]
 

@@ -36,9 +36,9 @@ def _named(runs: list[Run]) -> str:
 
 # -- which code trained them -----------------------------------------------------------------
 MIXED = "mixed"
-CODE_HEADING = ("Code versions (framework/code_version.py; a run of other code than the current "
-                "one may differ from what it trains now: retrain it with `fresh=true` if the "
-                "change matters):")
+CODE_HEADING = ("Code versions (sigma_moe/framework/code_version.py; a run of other code than "
+                "the current one may differ from what it trains now: retrain it with "
+                "`fresh=true` if the change matters):")
 
 
 def code_label(code: Any) -> str | None:
@@ -54,7 +54,7 @@ def code_versions(runs: Iterable[Run], current: str | None = None) -> list[str]:
     """Which versions of the code trained `runs`, one line each (under CODE_HEADING); []
     when the current code trained them all. The most common version gets a count, every
     other one names its runs: the ones to check."""
-    from framework.code_version import code_fingerprint
+    from sigma_moe.framework.code_version import code_fingerprint
 
     current = current or code_fingerprint()
     groups: dict[str | None, list[Run]] = {}

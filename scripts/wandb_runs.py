@@ -20,9 +20,10 @@ from scripts.run_results import (  # noqa: E402
 def wandb_runs(project: str, exp_dir: Path, all_overrides: bool = False
                ) -> tuple[list[Run], list[Skipped]]:
     """Finished runs of a wandb project: config `name` / `trainer.seed` / `run_dir`, summary
-    `valid_<metric>` / `test_<metric>` (written by tasks/lm_run.py at the end of training).
+    `valid_<metric>` / `test_<metric>` (written by sigma_moe/tasks/lm_run.py at the end of
+    training).
     Crashed or running ones are not finished. wandb holds no config_hash: the config the
-    run logged (all of it, tasks/lm_run.py) is compared with its experiment's instead;
+    run logged (all of it, sigma_moe/tasks/lm_run.py) is compared with its experiment's instead;
     other overrides are read from its run directory's name, as for local runs. The runs
     left out otherwise (not finished, no `name`, no numbers) get one note on stderr."""
     every = _wandb_api_runs(project)
@@ -96,7 +97,7 @@ def _wandb_api_runs(project: str) -> list[Any]:
     with wandb's own reason (its AuthenticationError also stands for a network failure)."""
     import wandb
 
-    from framework.config import first_line
+    from sigma_moe.framework.config import first_line
 
     try:
         return list(wandb.Api().runs(project))

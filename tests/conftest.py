@@ -9,7 +9,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("WANDB_MODE", "disabled")
 # On a GPU: one block config per kernel variant, not a compile of each of six and timing
-# trials (kernels/triton_tuning.py AUTOTUNE); the GPU session's device time is short, and
+# trials (sigma_moe/kernels/triton_tuning.py AUTOTUNE); the GPU session's device time is short, and
 # `scripts/bench_moe.py --check` verifies the autotuned kernels
 os.environ.setdefault("SIGMA_MOE_TRITON_AUTOTUNE", "0")
 os.environ.setdefault("SIGMA_MOE_CACHE", os.path.join(os.path.dirname(__file__), "..", ".cache"))

@@ -16,11 +16,11 @@ from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
-from framework.cli import register_resolvers
-from framework.trainer import Trainer
-from models.transformer_xl import TransformerXL, n_params
-from tasks.lm import build_model_config
-from tasks.lm_run import vocab_of
+from sigma_moe.framework.cli import register_resolvers
+from sigma_moe.framework.trainer import Trainer
+from sigma_moe.models.transformer_xl import TransformerXL, n_params
+from sigma_moe.tasks.lm import build_model_config
+from sigma_moe.tasks.lm_run import vocab_of
 
 CONFIGS = str(Path(__file__).resolve().parent.parent / "configs")
 EXP_DIR = Path(CONFIGS) / "exp"
@@ -98,7 +98,7 @@ class Stop(Exception):
 def interrupt_after_first_checkpoint(monkeypatch, cfg: dict[str, Any], run_dir: Path) -> None:
     """Train `cfg` in run_dir as if the process were killed right after its first
     checkpoint was written (a rerun resumes from it)."""
-    from tasks import TASKS
+    from sigma_moe.tasks import TASKS
 
     save = Trainer.checkpoint
 

@@ -11,11 +11,11 @@ import pytest
 import torch
 import yaml
 
-import kernels
-from framework.checkpoint import load_latest, save_checkpoint
-from models.ffn.base import RoutingStats
 from scripts import analyze
-from tasks import TASKS
+from sigma_moe import kernels
+from sigma_moe.framework.checkpoint import load_latest, save_checkpoint
+from sigma_moe.models.ffn.base import RoutingStats
+from sigma_moe.tasks import TASKS
 from tests.helpers import TINY, TINY_MOE, compose_cfg
 
 FAST = [o for o in TINY if not o.startswith("task.final_segments")]
@@ -163,7 +163,7 @@ def test_hand_built_routing(tmp_path):
 def test_splits_pool_their_routing_statistics(runs):
     """--split valid,test (paper Fig. 1 pools them): the routing sums of the pooled pass are
     those of the two splits added, the loss their token-weighted mean."""
-    from tasks.lm import LMTask
+    from sigma_moe.tasks.lm import LMTask
 
     config = analyze.run_config(runs / "moe", torch.device("cpu"))
     run = analyze.load_run(config, {})
@@ -341,7 +341,7 @@ def test_runs_of_one_experiment_are_labelled_by_their_overrides(tmp_path):
         "dense"]
     # only what differs: the seeds of one long command (its directories' names cut to a
     # hash, the overrides recorded uncut)
-    from framework.cli import OVERRIDES, dirname
+    from sigma_moe.framework.cli import OVERRIDES, dirname
 
     long = ",".join(f"model.k{i}=1" for i in range(15))
     runs = []
@@ -358,7 +358,7 @@ def test_runs_are_labelled_before_the_first_evaluation(runs, tmp_path, monkeypat
     """The labels read each run's overrides.yaml: labelled after every evaluation, a record
     that is not UTF-8 lost hours of evaluation to a traceback. Checked (and told apart) first:
     the evaluation gets the final label."""
-    from framework.cli import OVERRIDES
+    from sigma_moe.framework.cli import OVERRIDES
 
     seeds = [copy_run(runs, tmp_path, name=f"tiny_moe/trainer.seed={s}") for s in (1, 2)]
     (seeds[1] / OVERRIDES).write_bytes(b'dirname: "\xff"\n')

@@ -284,8 +284,8 @@ def test_bench_products_says_it_needs_a_gpu_or_the_interpreter(monkeypatch):
     """Without CUDA bench_products runs only under the Triton interpreter (a smoke test on
     tiny shapes); elsewhere one line says so, before any input is built."""
     pytest.importorskip("triton")
-    import kernels
     from scripts import bench_products
+    from sigma_moe import kernels
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(kernels, "TRITON_INTERPRET", False)
@@ -298,7 +298,7 @@ def test_bench_products_says_it_needs_a_gpu_or_the_interpreter(monkeypatch):
 def test_a_triton_script_without_triton_says_so_in_one_line(script, monkeypatch):
     """Where Triton does not import (macOS, Windows), the scripts of Triton kernels exit
     with one line naming the cause, before their own imports would fail."""
-    import kernels
+    from sigma_moe import kernels
 
     monkeypatch.setattr(kernels, "HAS_TRITON", False)
     monkeypatch.setattr(kernels, "TRITON_ERROR", "No module named 'triton'")
@@ -314,7 +314,7 @@ def test_a_triton_script_without_triton_says_so_in_one_line(script, monkeypatch)
 def test_benchmarks_precompile_on_cuda(monkeypatch, capsys):
     """bench_common.precompile: nothing without CUDA; on CUDA one dry run of all the given
     layers inside kernels.triton_precompile.precompile, and its line printed."""
-    import kernels
+    from sigma_moe import kernels
 
     ran = []
     layers = [lambda: ran.append("a"), lambda: ran.append("b")]
@@ -323,7 +323,7 @@ def test_benchmarks_precompile_on_cuda(monkeypatch, capsys):
     assert ran == [] and capsys.readouterr().out == ""
     if not kernels.HAS_TRITON:
         pytest.skip("needs Triton")
-    from kernels import triton_precompile
+    from sigma_moe.kernels import triton_precompile
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     def compile_ahead(fn):  # the dry run, without Triton's part

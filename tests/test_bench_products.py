@@ -14,8 +14,8 @@ def test_bench_products_checks_the_rearranged_launches(tmp_path, monkeypatch, ca
     run, after its JSON."""
     import json
 
-    from kernels import triton_launch
     from scripts import bench_products
+    from sigma_moe.kernels import triton_launch
 
     path = tmp_path / "products.json"
     argv = ["--tokens", "37", "--d-model", "16", "--n-experts", "5", "--expert-size", "16",
@@ -69,7 +69,7 @@ def test_bench_products_checks_the_rearranged_launches(tmp_path, monkeypatch, ca
 
 def _simulated_bytes(product, blocks, seg_rows, D, G, E, K):
     """Elements the layer's launches load and store, counted tile by tile as the kernels
-    walk them (kernels/triton_cvmm.py): the oracle of bench_products.l2_bytes."""
+    walk them (sigma_moe/kernels/triton_cvmm.py): the oracle of bench_products.l2_bytes."""
     moved = 0
     if product == "gather fwd":  # per (expert, slot) segment, BLOCK_M-row tiles x column tiles
         bm, bn, _ = blocks["gather"]
@@ -132,8 +132,8 @@ def test_chosen_blocks_reads_the_autotuners_choice():
     blocks where the kernel has no autotuner."""
     import triton
 
-    from kernels.triton_tuning import _INTERPRET_BLOCKS
     from scripts.bench_products import chosen_blocks
+    from sigma_moe.kernels.triton_tuning import _INTERPRET_BLOCKS
 
     class Tuner:
         keys = ["N", "KD"]

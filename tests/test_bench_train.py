@@ -128,7 +128,7 @@ def test_the_wt_big_step_target_is_judged_on_a_gpu(tmp_path, monkeypatch, capsys
 def test_shapes_are_the_experiments(shape, exp):
     """bench_train times the models the experiments train: every number of SHAPES is
     configs/exp/<exp>_moe's (and d_ff its dense twin's)."""
-    from tasks.lm_run import vocab_of
+    from sigma_moe.tasks.lm_run import vocab_of
     from tests.helpers import compose_cfg
 
     moe, dense = compose_cfg([], f"{exp}_moe"), compose_cfg([], f"{exp}_dense")

@@ -1,11 +1,11 @@
-"""framework/checkpoint.py on its own: atomic writes (fsync order, file mode), checksums,
+"""sigma_moe/framework/checkpoint.py on its own: atomic writes (fsync order, file mode), checksums,
 pruning, and checkpoints that do not load moved aside with their checksums (the faults of
 whole runs: tests/test_faults.py)."""
 import os
 
 import pytest
 
-from framework.checkpoint import list_checkpoints, load_latest, save_checkpoint
+from sigma_moe.framework.checkpoint import list_checkpoints, load_latest, save_checkpoint
 
 
 def test_a_checkpoint_without_its_checksum_is_used(tmp_path):
@@ -54,7 +54,7 @@ def test_a_whole_checkpoint_that_does_not_load_here_stops_the_run(tmp_path, monk
     both kept ones failing alike, the run). It stays, and the run stops in one line."""
     import torch
 
-    from framework.checkpoint import CheckpointUnloadable
+    from sigma_moe.framework.checkpoint import CheckpointUnloadable
 
     save_checkpoint(tmp_path, 10, {"step": 10})
     save_checkpoint(tmp_path, 20, {"step": 20})
@@ -81,7 +81,7 @@ def test_atomic_write_fsyncs_the_file_then_renames_then_fsyncs_the_directory(tmp
     itself could be undone)."""
     import stat
 
-    import framework.checkpoint as ck
+    import sigma_moe.framework.checkpoint as ck
 
     events, fsync, replace = [], os.fsync, os.replace
 
@@ -99,7 +99,7 @@ def test_atomic_write_fsyncs_the_file_then_renames_then_fsyncs_the_directory(tmp
 def test_atomic_writes_get_the_usual_permissions(tmp_path):
     """Mutant: the mode left at mkstemp's 0600 (a checkpoint others in the group could not
     read to evaluate)."""
-    from framework.checkpoint import atomic_write_bytes
+    from sigma_moe.framework.checkpoint import atomic_write_bytes
 
     old = os.umask(0o027)
     try:

@@ -1,9 +1,9 @@
-"""What a user's mistake or the machine's trouble prints (framework/cli.py handle_errors):
+"""What a user's mistake or the machine's trouble prints (sigma_moe/framework/cli.py handle_errors):
 one line, exit 1, said once under torchrun; and which disk errors are the user's to fix."""
 
 import pytest
 
-from framework.config import ConfigError
+from sigma_moe.framework.config import ConfigError
 
 
 def test_a_full_or_read_only_disk_is_one_line(monkeypatch, capsys):
@@ -11,7 +11,7 @@ def test_a_full_or_read_only_disk_is_one_line(monkeypatch, capsys):
     permission) is one line; any other OSError keeps its traceback (it may be a bug)."""
     import errno
 
-    from framework import cli
+    from sigma_moe.framework import cli
 
     monkeypatch.setattr(cli, "_sweep_job", lambda: None)
     with pytest.raises(SystemExit) as e:
@@ -30,7 +30,7 @@ def test_a_job_out_of_requeues_says_how_to_go_on(monkeypatch, capsys):
     at the last time limit: a traceback and "(traceback above)" said "a bug"."""
     from submitit.core.utils import UncompletedJobError
 
-    from framework import cli
+    from sigma_moe.framework import cli
 
     monkeypatch.setattr(cli, "_sweep_job", lambda: None)
     with pytest.raises(SystemExit) as e:
@@ -46,9 +46,9 @@ def test_a_job_out_of_requeues_says_how_to_go_on(monkeypatch, capsys):
 def test_under_torchrun_rank_0_says_what_every_rank_found(monkeypatch, capsys):
     """Every rank reaches the same config verdict: rank 0 prints it, the others exit 1
     silently (their copies came out glued to it); an error of a rank's own names its rank."""
-    from framework import cli
-    from framework.checkpoint import CheckpointError
-    from framework.data import DataError
+    from sigma_moe.framework import cli
+    from sigma_moe.framework.checkpoint import CheckpointError
+    from sigma_moe.framework.data import DataError
 
     monkeypatch.setattr(cli, "_sweep_job", lambda: None)
     for rank, local, error, said in (
@@ -72,7 +72,7 @@ def test_under_torchrun_rank_0_says_what_every_rank_found(monkeypatch, capsys):
                                         "resumes from the last checkpoint, if one was "
                                         "written\n"), ("1", "")])
 def test_a_ctrl_c_before_training_is_said_once(monkeypatch, capsys, rank, said):
-    from framework import cli
+    from sigma_moe.framework import cli
 
     monkeypatch.setenv("RANK", rank)
     with pytest.raises(SystemExit) as e:
@@ -85,7 +85,7 @@ def test_a_ctrl_c_before_training_is_said_once(monkeypatch, capsys, rank, said):
                                       ({"RANK": "1"}, False), ({"SLURM_PROCID": "1"}, False)])
 def test_a_bad_command_line_is_said_by_rank_0(monkeypatch, capsys, env, said):
     """Every rank parses the same argv, before the process group exists."""
-    from framework.cli import prepare_argv
+    from sigma_moe.framework.cli import prepare_argv
 
     for k in ("RANK", "SLURM_PROCID"):
         monkeypatch.delenv(k, raising=False)
@@ -99,7 +99,7 @@ def test_a_bad_command_line_is_said_by_rank_0(monkeypatch, capsys, env, said):
 
 def test_code_without_its_configs_says_how_to_install(monkeypatch, capsys, tmp_path):
     """A plain `pip install .` copies the packages, not configs/ (nor run.py)."""
-    from framework import cli
+    from sigma_moe.framework import cli
 
     monkeypatch.setattr(cli, "CONFIGS", tmp_path / "site-packages" / "configs")
     with pytest.raises(SystemExit) as e:
@@ -113,7 +113,7 @@ def test_code_without_its_configs_says_how_to_install(monkeypatch, capsys, tmp_p
 def test_which_os_errors_the_user_fixes_outside_the_code(code):
     import errno
 
-    from framework.config import is_environment_error
+    from sigma_moe.framework.config import is_environment_error
 
     assert is_environment_error(OSError(getattr(errno, code), "x"))
     assert not is_environment_error(OSError(errno.ENOENT, "x"))

@@ -6,11 +6,11 @@ import subprocess
 import pytest
 import torch
 
-from framework.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
-from framework.code_version import UNRECORDED, code_fingerprint, git_commit
 from scripts.run_results import Run
 from scripts.run_versions import MIXED, code_label, code_versions
-from tasks import TASKS
+from sigma_moe.framework.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
+from sigma_moe.framework.code_version import UNRECORDED, code_fingerprint, git_commit
+from sigma_moe.tasks import TASKS
 from tests.helpers import TINY, TINY_MOE, compose_cfg, interrupt_after_first_checkpoint
 
 RUN = TASKS.get("lm")
@@ -28,32 +28,33 @@ def fingerprint(root):
 
 
 def test_fingerprint_covers_the_training_code_only(tmp_path):
-    root = tree(tmp_path, {"framework/a.py": "x = 1\n", "models/ffn/b.py": "y = 2\n",
-                           "run.py": "main()\n", "scripts/s.py": "", "docs/d.md": ""})
+    root = tree(tmp_path, {"sigma_moe/framework/a.py": "x = 1\n",
+                           "sigma_moe/models/ffn/b.py": "y = 2\n", "run.py": "main()\n",
+                           "scripts/s.py": "", "docs/d.md": ""})
     first = fingerprint(root)
     assert len(first) == 12 and first == fingerprint(root)
     (root / "scripts/s.py").write_text("print('a report')\n")  # scripts and docs train nothing
     (root / "docs/d.md").write_text("more words\n")
-    (root / "framework/a.pyc").write_text("compiled")
+    (root / "sigma_moe/framework/a.pyc").write_text("compiled")
     assert fingerprint(root) == first
-    (root / "models/ffn/b.py").write_text("y = 3\n")  # an edit, deep in a package
+    (root / "sigma_moe/models/ffn/b.py").write_text("y = 3\n")  # an edit, deep in a package
     second = fingerprint(root)
     assert second != first
-    tree(root, {"kernels/new.py": ""})  # a new file, even an empty one
+    tree(root, {"sigma_moe/kernels/new.py": ""})  # a new file, even an empty one
     assert fingerprint(root) != second
-    (root / "kernels/new.py").unlink()
+    (root / "sigma_moe/kernels/new.py").unlink()
     assert fingerprint(root) == second
     (root / "run.py").unlink()  # an installed tree has no entry point: still a fingerprint
     assert fingerprint(root) != second
     # a file moved to another package is other code, with the same bytes
-    moved = tree(tmp_path / "moved", {"framework/c.py": "x = 1\n"})
-    kept = tree(tmp_path / "kept", {"models/c.py": "x = 1\n"})
+    moved = tree(tmp_path / "moved", {"sigma_moe/framework/c.py": "x = 1\n"})
+    kept = tree(tmp_path / "kept", {"sigma_moe/models/c.py": "x = 1\n"})
     assert fingerprint(moved) != fingerprint(kept)
 
 
 @pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
 def test_git_commit_and_dirty_code(tmp_path):
-    root = tree(tmp_path / "repo", {"framework/a.py": "x = 1\n", "notes.txt": ""})
+    root = tree(tmp_path / "repo", {"sigma_moe/framework/a.py": "x = 1\n", "notes.txt": ""})
     assert git_commit.__wrapped__(root) is None  # not a checkout (yet)
 
     def git(*args):
@@ -68,13 +69,13 @@ def test_git_commit_and_dirty_code(tmp_path):
     assert git_commit.__wrapped__(root) == head
     (root / "notes.txt").write_text("not code\n")
     assert git_commit.__wrapped__(root) == head
-    (root / "framework/a.py").write_text("x = 2\n")
+    (root / "sigma_moe/framework/a.py").write_text("x = 2\n")
     assert git_commit.__wrapped__(root) == head + "+dirty"
 
 
 def use_code(monkeypatch, fingerprint: str) -> None:
-    monkeypatch.setattr("framework.trainer.code_fingerprint", lambda: fingerprint)
-    monkeypatch.setattr("framework.code_version.code_fingerprint", lambda: fingerprint)
+    monkeypatch.setattr("sigma_moe.framework.trainer.code_fingerprint", lambda: fingerprint)
+    monkeypatch.setattr("sigma_moe.framework.code_version.code_fingerprint", lambda: fingerprint)
 
 
 def test_a_resume_with_other_code_keeps_both_versions(tmp_path, monkeypatch, capsys):
@@ -141,18 +142,22 @@ def test_code_versions_name_the_runs_of_other_code():
 
 
 # -- from mutation testing (round 4) ---------------------------------------------------
-def test_the_tasks_package_is_training_code(tmp_path):
-    """Mutant: "tasks" dropped from CODE (an edit of the LM task, e.g. its loss or batching,
-    left the fingerprint alone)."""
-    root = tree(tmp_path, {"framework/a.py": "x = 1\n", "tasks/lm.py": "loss = 1\n"})
-    first = fingerprint(root)
-    (root / "tasks/lm.py").write_text("loss = 2\n")
-    assert fingerprint(root) != first
+def test_the_real_tree_fingerprints_every_package_and_run_py():
+    """The checkout's own CODE: the loop, data, models, kernels and the LM task (an edit of
+    its loss or batching must change the fingerprint), the entry point; no script or test."""
+    from sigma_moe.framework.code_version import ROOT, code_files
+
+    names = {p.relative_to(ROOT).as_posix() for p in code_files()}
+    for expected in ("run.py", "sigma_moe/framework/trainer.py",
+                     "sigma_moe/models/ffn/sigma_moe.py", "sigma_moe/kernels/triton_cvmm.py",
+                     "sigma_moe/tasks/lm.py"):
+        assert expected in names
+    assert not any(n.startswith(("scripts/", "tests/", "hydra_plugins/")) for n in names)
 
 
 def test_code_version_without_checkpoints_lists_this_code():
     """Mutant `trained_with or [now]` -> `or []`: a run trained from scratch listed no code."""
-    from framework.code_version import code_version
+    from sigma_moe.framework.code_version import code_version
 
     now = code_fingerprint()
     assert code_version()["trained_with"] == [now] == code_version([])["trained_with"]
@@ -162,7 +167,7 @@ def test_code_version_without_checkpoints_lists_this_code():
 def test_library_versions_name_python_and_what_moves_numbers(monkeypatch):
     import platform
 
-    from framework import code_version as cv
+    from sigma_moe.framework import code_version as cv
 
     got = cv.library_versions()
     assert got["python"] == platform.python_version() and got["torch"] == torch.__version__

@@ -54,7 +54,7 @@ def test_seeds_of_long_overrides_group_by_what_the_runs_recorded(tmp_path):
     """Over 120 characters a directory's name is cut to a hash of all of it, the seed
     included: the seeds of one command were two rows of cut names. The runs record their
     overrides uncut (overrides.yaml); a run from before that keeps its cut name."""
-    from framework.cli import OVERRIDES, dirname
+    from sigma_moe.framework.cli import OVERRIDES, dirname
 
     runs, long = tmp_path / "runs", ",".join(f"model.k{i}=1" for i in range(15))
     for seed in (0, 1, 2):
@@ -124,7 +124,7 @@ def test_runs_behind_a_directory_link_count_once(tmp_path):
 def test_records_that_are_not_utf8_are_read_as_missing(tmp_path):
     """A UnicodeDecodeError is a ValueError, not an OSError or YAMLError: a traceback. The
     run counts as one whose config.yaml and overrides record are gone."""
-    from framework.cli import OVERRIDES
+    from sigma_moe.framework.cli import OVERRIDES
 
     runs = tmp_path / "runs"
     finished(runs / "glu" / "trainer.seed=0", "glu", 0, 1.0)

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from framework.config import ConfigError, from_dict
-from framework.registry import Registry, RegistryError
-from models.ffn import FFNS
-from models.ffn.sigma_moe import SigmaMoEConfig
-from tasks.lm import build_model_config
+from sigma_moe.framework.config import ConfigError, from_dict
+from sigma_moe.framework.registry import Registry, RegistryError
+from sigma_moe.models.ffn import FFNS
+from sigma_moe.models.ffn.sigma_moe import SigmaMoEConfig
+from sigma_moe.tasks.lm import build_model_config
 from tests.helpers import TINY, TINY_MOE, compose_cfg
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -36,14 +36,15 @@ def test_registry_refuses_duplicates_and_suggests():
     assert str(e.value) == (
         "unknown ffn variant 'sigma_moe_glu'. Did you mean 'sigma_moe'? Known: dense, pkm, "
         "sbase, sigma_moe, switch, topk. A new one: decorate its class with "
-        "@FFNS.register('sigma_moe_glu') and import its module in models/ffn/__init__.py.")
+        "@FFNS.register('sigma_moe_glu') and import its module in "
+        "sigma_moe/models/ffn/__init__.py.")
 
 
 def test_a_path_in_an_override_stays_one_directory_level(tmp_path):
     """`dataset.source=/data/wt103` made runs/<name>/dataset.source=/data/wt103: nested
     directories that the tables took for ones chosen by hand."""
-    from framework.cli import dirname, undirname
     from scripts.run_results import run_overrides
+    from sigma_moe.framework.cli import dirname, undirname
 
     over = "dataset.source=/data/wt 103/,trainer.lr=5%2F"
     name = dirname(over)
@@ -111,7 +112,7 @@ def test_dropout_outside_0_1_is_refused(exp, override):
 def test_values_that_would_fail_later_are_refused_first(override, error):
     """What the model or the optimizer would refuse with a traceback (a negative dimension,
     AdamW's 'Invalid learning rate'), or use silently (a negative warmup)."""
-    from framework.trainer_config import TrainerConfig
+    from sigma_moe.framework.trainer_config import TrainerConfig
 
     cfg = compose_cfg([override])
     with pytest.raises(ConfigError) as e:
@@ -215,7 +216,7 @@ def test_keys_outside_the_run_identity_are_outside_the_run_directory_name():
     rerunning with it would start over elsewhere instead of resuming."""
     from omegaconf import OmegaConf
 
-    from framework.experiment import VOLATILE, VOLATILE_TRAINER
+    from sigma_moe.framework.experiment import VOLATILE, VOLATILE_TRAINER
 
     cfg = OmegaConf.load(ROOT / "configs" / "config.yaml")
     excluded = set(cfg.hydra.job.config.override_dirname.exclude_keys)
@@ -224,7 +225,7 @@ def test_keys_outside_the_run_identity_are_outside_the_run_directory_name():
 
 
 def test_override_check_two_bad_keys_and_options_left_to_hydra(capsys):
-    from framework.cli import prepare_argv
+    from sigma_moe.framework.cli import prepare_argv
 
     with pytest.raises(SystemExit):  # one line, no traceback, for two mistyped keys
         prepare_argv(["run.py", "ffn.n_expert=3", "ffn.kk=2"])
@@ -237,7 +238,7 @@ def test_override_check_two_bad_keys_and_options_left_to_hydra(capsys):
 def test_an_eval_sweep_of_evaluation_settings_is_refused(capsys):
     """Each value would evaluate the one run trained without them, into its one
     eval_results.json (at once, under the local or Slurm launcher)."""
-    from framework.cli import prepare_argv
+    from sigma_moe.framework.cli import prepare_argv
 
     with pytest.raises(SystemExit):
         prepare_argv(["run.py", "-m", "+sweep=mini", "+exp=mini_enwik_moe", "mode=eval",
@@ -253,7 +254,7 @@ def test_a_key_given_twice_counts_once(capsys):
     """Hydra takes the last; left in argv, both would name the run directory (sorted), so
     `steps=30 steps=2` and `steps=2 steps=30` would share one with different configs. The
     tests themselves add to a base list of overrides this way."""
-    from framework.cli import prepare_argv
+    from sigma_moe.framework.cli import prepare_argv
 
     argv = ["run.py", "+exp=mini_moe", "trainer.steps=30", "-m", "trainer.steps=2,3",
             "+trainer.x=1", "trainer.x=2", "mode=params", "mode=params"]
@@ -283,7 +284,7 @@ def test_a_config_file_that_is_not_yaml_is_one_line(tmp_path, monkeypatch, capsy
     parser's traceback (with --cfg too, which skips the override check)."""
     import shutil
 
-    from framework import cli
+    from sigma_moe.framework import cli
 
     configs = tmp_path / "configs"
     shutil.copytree(cli.CONFIGS, configs)
@@ -319,7 +320,7 @@ def test_a_new_experiment_file_gets_header_and_name_checked(tmp_path, monkeypatc
                                                             text, error):
     """Without the header Hydra puts the file's keys under `exp:` (ignored: the run uses the
     defaults); with another experiment's name it runs in that one's runs/<name>/."""
-    from framework import cli
+    from sigma_moe.framework import cli
 
     (tmp_path / "exp").mkdir()
     (tmp_path / "exp" / "x.yaml").write_text(text)
@@ -342,7 +343,7 @@ def test_a_new_experiment_file_gets_header_and_name_checked(tmp_path, monkeypatc
 def test_an_unknown_top_level_key_is_one_line(tmp_path):
     """Hydra lets a config file (or a `+key=`) add any key: a misspelt group is refused, not
     ignored, and the run leaves no directory."""
-    from framework.config import check_top_level
+    from sigma_moe.framework.config import check_top_level
 
     out = run_cli("+trainr.steps=2", f"hydra.run.dir={tmp_path}/r", cwd=tmp_path)
     assert out.returncode == 1 and out.stderr.strip() == (
@@ -359,8 +360,8 @@ def test_a_backend_that_cannot_run_the_evaluation_stops_before_training(monkeypa
     then failed at its first validation. Driven here with grouped_mm's CUDA rule."""
     import torch
 
-    import kernels
-    from tasks.lm_run import check_backend
+    from sigma_moe import kernels
+    from sigma_moe.tasks.lm_run import check_backend
 
     def cuda_rule(backend, x_TD, w1_EDG, dropout=False):
         return None if x_TD.dtype == torch.bfloat16 else f"dtype {x_TD.dtype} on CUDA"
@@ -389,7 +390,7 @@ def test_help_says_what_runs_without_an_experiment():
 def test_a_long_run_directory_name_is_cut_and_hashed():
     """File names have a 255-byte limit; two long override lists that differ only past the
     cut must still get two directories (each run resumes its own)."""
-    from framework.cli import dirname
+    from sigma_moe.framework.cli import dirname
 
     assert dirname("x" * 120) == "x" * 120  # up to the limit: the overrides themselves
     a, b = "a" * 150 + ",seed=1", "a" * 150 + ",seed=2"
@@ -400,7 +401,7 @@ def test_a_long_run_directory_name_is_cut_and_hashed():
 def test_a_sweep_is_a_sweep_with_or_without_m(monkeypatch, capsys):
     """`+sweep=` alone implies -m; `--multirun` is -m; a sweep's own experiments are checked
     and replaced by no default experiment; its plain overrides are checked against them."""
-    from framework import cli
+    from sigma_moe.framework import cli
 
     argv = ["run.py", "+sweep=moe", "--cfg", "hydra"]  # shows the sweep's config
     cli.prepare_argv(argv)
@@ -424,7 +425,7 @@ def test_a_sweep_is_a_sweep_with_or_without_m(monkeypatch, capsys):
 
 
 def test_an_unknown_option_or_a_group_without_plus_is_one_line():
-    from framework.cli import check_overrides
+    from sigma_moe.framework.cli import check_overrides
 
     with pytest.raises(ConfigError) as e:
         check_overrides(["+exp=mini_moe", "ffn=sigma"])
@@ -447,7 +448,7 @@ def test_from_dict_refuses_booleans_for_numbers_and_missing_keys():
 
 def test_an_experiment_named_by_its_dataset_gets_suggestions():
     """`+exp=wt103` (a setting, not a run): the closest experiments, not just the listing."""
-    from framework.cli import check_experiment
+    from sigma_moe.framework.cli import check_experiment
 
     with pytest.raises(ConfigError, match=r"^unknown experiment 'wt103'. Did you mean wt103_"):
         check_experiment("wt103")

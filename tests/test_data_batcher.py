@@ -1,9 +1,10 @@
-"""StreamBatcher: targets, epochs, ranks and evaluation coverage (framework/data/base.py)."""
+"""StreamBatcher: targets, epochs, ranks and evaluation coverage
+(sigma_moe/framework/data/base.py)."""
 import numpy as np
 import pytest
 import torch
 
-from framework.data.base import StreamBatcher, train_tokens_for
+from sigma_moe.framework.data.base import StreamBatcher, train_tokens_for
 
 
 def test_targets_are_the_next_tokens_and_segments_follow_each_other():
@@ -67,7 +68,7 @@ def test_evaluation_scores_every_target_once_whatever_the_stream_length(stream_l
 def test_a_stream_of_one_token_is_refused():
     """Mutant `stream_len < 2` -> `< 1`: a stream of one token has no target; training read
     empty segments and evaluation scored nothing (a loss of 0/0)."""
-    from framework.data.base import DataError
+    from sigma_moe.framework.data.base import DataError
 
     with pytest.raises(DataError, match="^3 tokens are too few for 2 streams$"):
         StreamBatcher(np.arange(3), batch_size=2, seq_len=4)

@@ -1,4 +1,4 @@
-"""The prepared-data cache (framework/data/cache.py): reuse, invalidation, interrupted and
+"""The prepared-data cache (sigma_moe/framework/data/cache.py): reuse, invalidation, interrupted and
 concurrent preparation, and the one-line error for missing data. Local fixtures only."""
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from framework.data import DataError, cache, subword
-from framework.data.cache import find_prepared
-from framework.data.enwik8 import Enwik8, Enwik8Config
-from framework.data.wt103 import FILES, Wt103, Wt103Config, settings
+from sigma_moe.framework.data import DataError, cache, subword
+from sigma_moe.framework.data.cache import find_prepared
+from sigma_moe.framework.data.enwik8 import Enwik8, Enwik8Config
+from sigma_moe.framework.data.wt103 import FILES, Wt103, Wt103Config, settings
 
 WORDS = ("the of and in to a is was for on as by with from at that game series season "
          "first one two <unk> @-@ , . ( ) ; 1999 2004 17 ' \" city river").split()
@@ -300,7 +300,7 @@ def test_preparing_inside_a_run_says_what_it_is_doing(tmp_path, capsys):
     training, the entry written) reach stderr through console_logging, once each."""
     import logging
 
-    from framework.loggers import console_logging
+    from sigma_moe.framework.loggers import console_logging
 
     console_logging()
     console_logging()  # run.py in a sequential sweep: still one handler
@@ -312,7 +312,7 @@ def test_preparing_inside_a_run_says_what_it_is_doing(tmp_path, capsys):
         assert "wt103: SentencePiece model trained in " in err
         assert f"prepared {Wt103.entry(cfg_for(tmp_path)).path} in " in err
     finally:
-        log = logging.getLogger("framework")
+        log = logging.getLogger("sigma_moe.framework")
         log.handlers.clear()
         log.setLevel(logging.NOTSET)
 

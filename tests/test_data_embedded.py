@@ -9,11 +9,11 @@ import zipfile
 
 import numpy as np
 
-from framework.config import from_dict
-from framework.data import enwik8
-from framework.data.base import bytes_to_ids
-from framework.data.enwik8 import Enwik8, Enwik8Config
-from framework.data.wikitext_mini import WikitextMini, WikitextMiniConfig
+from sigma_moe.framework.config import from_dict
+from sigma_moe.framework.data import enwik8
+from sigma_moe.framework.data.base import bytes_to_ids
+from sigma_moe.framework.data.enwik8 import Enwik8, Enwik8Config
+from sigma_moe.framework.data.wikitext_mini import WikitextMini, WikitextMiniConfig
 from tests.data_helpers import decoder, sentence
 
 
@@ -43,7 +43,7 @@ def test_enwik8_zip_is_checked_unpacked_and_by_member_name(tmp_path, monkeypatch
 def test_enwik_mini_records_each_splits_own_sha256():
     """Mutant: every split's sha256 taken over the whole corpus (valid and test then had the
     same data version as train)."""
-    from framework.data.enwik_mini import EnwikMini, EnwikMiniConfig
+    from sigma_moe.framework.data.enwik_mini import EnwikMini, EnwikMiniConfig
 
     data = EnwikMini.load(EnwikMiniConfig())
     assert data.origin["sha256"] == {s: hashlib.sha256(a.tobytes()).hexdigest()
@@ -53,7 +53,7 @@ def test_enwik_mini_records_each_splits_own_sha256():
 def test_wikitext_mini_article_text():
     """Mutants: headings written with one `=` too few; a section after a dropped one
     (References) dropped as well (`level >= skip_below`)."""
-    from framework.data.wikitext_mini import clean_article
+    from sigma_moe.framework.data.wikitext_mini import clean_article
 
     text = ("'''T''' is a [[river|stream]].\n\n== History ==\nText one.\n=== Early ===\n* More.\n"
             "== References ==\n* ref one\n=== Sub ===\nin references\n== Legacy ==\nKept.\n")
@@ -78,7 +78,7 @@ def wiki_xml(pages: list[tuple[str, str, str, bool]]) -> bytes:
 
 def test_wikitext_mini_keeps_main_namespace_articles_only():
     """Mutant: the `ns == 0` check dropped (talk and user pages became articles)."""
-    from framework.data.wikitext_mini import extract_articles
+    from sigma_moe.framework.data.wikitext_mini import extract_articles
 
     xml = wiki_xml([("Alpha", "0", "Alpha text.", False), ("Talk:Alpha", "1", "Chat.", False),
                     ("Beta", "0", "", True), ("Gamma (disambiguation)", "0", "G may be", False),
@@ -89,7 +89,7 @@ def test_wikitext_mini_keeps_main_namespace_articles_only():
 def test_wikitext_mini_split_gives_every_split_an_article():
     """Mutant `len(articles) - 2` -> `len(articles) - 1`: with a large train share, valid was
     left empty."""
-    from framework.data.wikitext_mini import split_articles
+    from sigma_moe.framework.data.wikitext_mini import split_articles
 
     arts = [[f"article {i}"] for i in range(3)]
     parts = split_articles(arts, (0.98, 0.01, 0.01))
@@ -100,7 +100,7 @@ def test_wikitext_mini_pipeline_on_a_small_dump(tmp_path, monkeypatch):
     """Mutants: lines separated by </s> (eos=True; WikiText lines get no separator), the
     BPE trained on valid instead of train, EXTRACT_VERSION out of the cache key (a changed
     extraction reused the old cache), num_proc=0 ("all cores") refused."""
-    from framework.data import wikitext_mini as wm
+    from sigma_moe.framework.data import wikitext_mini as wm
 
     rng = random.Random(7)
     pages = [(f"Page {i}", "0", "\n".join(sentence(rng, 12) + "." for _ in range(20)), False)

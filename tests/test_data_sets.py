@@ -17,14 +17,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from framework.config import from_dict
-from framework.data import DATASETS, DataError, enwik8, hf_stream, subword
-from framework.data import cache as subword_cache
-from framework.data.base import bytes_to_ids, split_contiguous
-from framework.data.enwik8 import Enwik8, Enwik8Config, split_sizes
-from framework.data.hf_stream import C4, C4Config, Pes2o, Pes2oConfig
-from framework.data.wikitext_mini import WikitextMini, WikitextMiniConfig
-from framework.data.wt103 import FILES, Wt103, Wt103Config
+from sigma_moe.framework.config import from_dict
+from sigma_moe.framework.data import DATASETS, DataError, enwik8, hf_stream, subword
+from sigma_moe.framework.data import cache as subword_cache
+from sigma_moe.framework.data.base import bytes_to_ids, split_contiguous
+from sigma_moe.framework.data.enwik8 import Enwik8, Enwik8Config, split_sizes
+from sigma_moe.framework.data.hf_stream import C4, C4Config, Pes2o, Pes2oConfig
+from sigma_moe.framework.data.wikitext_mini import WikitextMini, WikitextMiniConfig
+from sigma_moe.framework.data.wt103 import FILES, Wt103, Wt103Config
 from tests.data_helpers import decoder, sentence, write_shards
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -337,7 +337,7 @@ def test_the_suggested_prepare_command_builds_what_the_run_looks_for(name, cfg):
 @pytest.mark.parametrize("fractions", [[0.9, 0.1], [0.5, 0.6, -0.1], [0.9, 0.1, 0.0]])
 def test_embedded_corpus_fractions_are_checked(kind, fractions):
     """enwik_mini took any fractions and failed at the first evaluation of an empty split."""
-    from framework.config import ConfigError
+    from sigma_moe.framework.config import ConfigError
 
     with pytest.raises(ConfigError, match=r"^dataset.fractions=.*give 3 positive numbers"):
         from_dict(DATASETS.get(kind).Config, {"fractions": fractions}, "dataset")
@@ -419,7 +419,7 @@ def test_an_empty_or_short_split_is_refused_not_cached(tmp_path, c4_dir):
 def test_the_start_line_names_where_the_tokens_came_from():
     """A cache entry, else the file a dataset of one's own records as its `source`; an
     embedded corpus (its source a dict: file and gensim version) is `embedded`."""
-    from tasks.lm_run import data_line
+    from sigma_moe.tasks.lm_run import data_line
 
     rec = {"name": "x", "tokens": {"train": 1000, "valid": 10}, "train_epochs": 2.0}
     assert data_line(rec) == "data x: train/valid 1,000/10 tokens, 2 epochs of train | embedded"

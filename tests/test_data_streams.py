@@ -11,9 +11,9 @@ import zipfile
 import numpy as np
 import pytest
 
-from framework.data import hf_stream, subword
-from framework.data.hf_stream import C4, C4Config, Pes2oConfig
-from framework.data.wt103 import FILES, Wt103, Wt103Config
+from sigma_moe.framework.data import hf_stream, subword
+from sigma_moe.framework.data.hf_stream import C4, C4Config, Pes2oConfig
+from sigma_moe.framework.data.wt103 import FILES, Wt103, Wt103Config
 from tests.data_helpers import decoder, sentence
 
 
@@ -36,7 +36,7 @@ def test_wt103_reads_each_split_from_its_release_file(tmp_path):
 def test_wt103_size_warning_reads_the_train_file(tmp_path, monkeypatch, caplog):
     """Mutant: the directory's size check read wiki.valid.tokens (every real WikiText-103
     copy, whose valid file has 1 MB, was called WikiText-2)."""
-    from framework.data import wt103
+    from sigma_moe.framework.data import wt103
 
     for name, n in FILES.items():
         (tmp_path / n).write_text("word " * (2000 if name == "train" else 20))
@@ -63,7 +63,7 @@ def fake_datasets(monkeypatch, rows: list[dict]) -> list:
 def test_wt103_streams_the_hubs_validation_split(monkeypatch):
     """Mutant: `valid` asked of the hub as "valid" (Salesforce/wikitext calls it
     "validation")."""
-    from framework.data import wt103
+    from sigma_moe.framework.data import wt103
 
     calls = fake_datasets(monkeypatch, [{"text": " a line \n"}])
     monkeypatch.setattr(hf_stream, "hub_problem", lambda endpoint: None)
@@ -102,7 +102,7 @@ def test_spm_settings_reach_sentencepiece(tmp_path, monkeypatch):
 def test_a_bpe_sample_sentencepiece_refuses_is_a_config_error():
     """SentencePiece takes input_sentence_size 0 or > 100: spm_train_lines=50 failed with its
     INTERNAL error after reading the whole train file (minutes on WikiText-103)."""
-    from framework.config import ConfigError
+    from sigma_moe.framework.config import ConfigError
 
     with pytest.raises(ConfigError, match=r"^dataset.spm_train_lines=100: SentencePiece "):
         Wt103Config(spm_train_lines=100)
@@ -112,7 +112,7 @@ def test_a_bpe_sample_sentencepiece_refuses_is_a_config_error():
 @pytest.mark.parametrize("vocab", [15, 65536])
 def test_vocab_sizes_that_uint16_cannot_hold_are_refused(vocab):
     """Mutant `<= 65535` -> `<= 65536`: id 65535 + 1 does not fit the uint16 streams."""
-    from framework.config import ConfigError
+    from sigma_moe.framework.config import ConfigError
 
     with pytest.raises(ConfigError, match=r"use 16\.\.65535"):
         Wt103Config(vocab_size=vocab)

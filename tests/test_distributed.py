@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import torch.multiprocessing as mp
 
-from tasks import TASKS
+from sigma_moe.tasks import TASKS
 from tests.helpers import TINY, TINY_MOE, compose_cfg, metrics
 
 COMMON = [*TINY, *TINY_MOE, "model.dropout=0.0", "trainer.steps=4", "trainer.log_every=1",
@@ -38,8 +38,8 @@ def _choose_worker(rank: int, world: int, port: int, cfg: dict, run_dir: str) ->
     _as_rank(rank, world, port)
     import torch
 
-    from framework.config import ConfigError
-    from framework.run_dirs import choose_run_dir
+    from sigma_moe.framework.config import ConfigError
+    from sigma_moe.framework.run_dirs import choose_run_dir
 
     try:
         answer = str(choose_run_dir(cfg, Path(run_dir)))
@@ -54,7 +54,7 @@ def _exit_worker(rank: int, world: int, port: int, out: str) -> None:
 
     import torch
 
-    from framework.distributed import init_distributed
+    from sigma_moe.framework.distributed import init_distributed
 
     _as_rank(rank, world, port)
     init_distributed("cpu")
@@ -109,7 +109,7 @@ def test_ranks_leave_the_group_at_exit(tmp_path):
 def test_rank_info_from_a_slurm_job(monkeypatch):
     """Under a multi-task Slurm job (submitit's environment), rank info and torch's env://
     variables come from submitit; every GPU stays visible (the trainer picks its own)."""
-    from framework.distributed import _from_submitit
+    from sigma_moe.framework.distributed import _from_submitit
 
     slurm = dict(SLURM_JOB_ID="4242", SLURM_NTASKS="2", SLURM_PROCID="1", SLURM_LOCALID="1",
                  SLURM_NODEID="0", SLURM_JOB_NUM_NODES="1", SLURM_JOB_NODELIST="node01",
@@ -133,7 +133,7 @@ def test_rank_info_from_a_slurm_job(monkeypatch):
 def test_ranks_agree_on_the_run_dir(tmp_path, same_config):
     """Rank 0 picks the directory and the others follow it: with fresh=true every rank
     trains in the same new sibling, and a refusal stops every rank (none waits forever)."""
-    from framework.experiment import config_hash, write_results
+    from sigma_moe.framework.experiment import config_hash, write_results
 
     cfg = compose_cfg(COMMON)
     run_dir = tmp_path / "runs" / "r"
@@ -173,7 +173,7 @@ def test_ranks_resume_from_the_checkpoint_rank_0_picked(tmp_path):
 def test_no_rank_of_one_seed_repeats_a_rank_of_another():
     """The paper's seeds 0-2 must draw independent dropout masks on every rank (seed + rank
     gave rank 1 of seed 0 rank 0 of seed 1's); rank 0 keeps the seed of one process."""
-    from framework.runtime import rank_seed
+    from sigma_moe.framework.runtime import rank_seed
 
     assert len({rank_seed(seed, rank) for seed in range(3) for rank in range(8)}) == 24
     assert [rank_seed(seed, 0) for seed in range(3)] == [0, 1, 2]

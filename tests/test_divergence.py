@@ -3,9 +3,9 @@ the last good checkpoint; `skip` skips the step, its update and the memory it wr
 import pytest
 import torch
 
-from framework.checkpoint import list_checkpoints, load_checkpoint
-from framework.divergence import TrainingDiverged
-from framework.trainer import Trainer
+from sigma_moe.framework.checkpoint import list_checkpoints, load_checkpoint
+from sigma_moe.framework.divergence import TrainingDiverged
+from sigma_moe.framework.trainer import Trainer
 from tests.helpers import compose_cfg, metrics
 from tests.test_faults import OVERRIDES, RUN
 
@@ -53,7 +53,7 @@ def test_fp16_overflows_are_skipped_steps_and_many_in_a_row_stop(tmp_path, monke
     """A gradient that overflows at every loss scale (finite loss): each step the scaler
     skips is logged as skipped and leaves the weights alone, and MAX_OVERFLOWS_IN_ROW of
     them stop the run (before: 'finished' after 2 updates, with no line and results)."""
-    from framework import trainer
+    from sigma_moe.framework import trainer
 
     monkeypatch.setattr(trainer, "MAX_OVERFLOWS_IN_ROW", 4)
     overflow_at(monkeypatch, lambda n: n >= 3)
@@ -70,7 +70,7 @@ def test_fp16_overflows_are_skipped_steps_and_many_in_a_row_stop(tmp_path, monke
 def test_overflows_do_not_count_towards_nan_skips_in_a_row(tmp_path, monkeypatch):
     """Each kind of step without an update has its own give-up count: a NaN loss after
     fp16 overflows is one skip, not the last of MAX_SKIPPED_IN_ROW."""
-    from framework import trainer
+    from sigma_moe.framework import trainer
 
     monkeypatch.setattr(trainer, "MAX_SKIPPED_IN_ROW", 3)
     overflow_at(monkeypatch, lambda n: 3 <= n <= 6)
@@ -128,7 +128,7 @@ def overflow_at(monkeypatch, bad) -> None:
 
 def nan_losses_at(monkeypatch, bad) -> None:
     """Make the losses of the training steps whose number n (from 1) has bad(n) NaN."""
-    from tasks.lm import LMTask
+    from sigma_moe.tasks.lm import LMTask
 
     real = LMTask.train_losses
     calls = [0]
@@ -154,7 +154,7 @@ def test_nan_skip_policy_skips_the_step(tmp_path, monkeypatch):
 def test_nan_skip_policy_gives_up_after_steps_skipped_in_a_row(tmp_path, monkeypatch):
     """Weights that give NaN on every batch: stop with a message, not 'train' to the end
     skipping every step and write NaN results. Skips with good steps between are fine."""
-    from framework import trainer
+    from sigma_moe.framework import trainer
 
     monkeypatch.setattr(trainer, "MAX_SKIPPED_IN_ROW", 3)
     nan_losses_at(monkeypatch, lambda n: n == 2 or n >= 4)
@@ -190,7 +190,7 @@ def test_steps_skipped_in_a_row_do_not_prune_the_checkpoints_before_them(tmp_pat
     """While steps are skipped the weights are those of the last applied step: saved once
     (step 4 holds step 3's), not at every ckpt_every, which kept only checkpoints of
     those weights and deleted step 2's, from before the trouble."""
-    from framework import trainer
+    from sigma_moe.framework import trainer
 
     monkeypatch.setattr(trainer, "MAX_SKIPPED_IN_ROW", 5)
     nan_losses_at(monkeypatch, lambda n: n >= 4)
@@ -207,8 +207,8 @@ def test_a_preemption_while_steps_are_skipped_prunes_nothing_and_the_count_goes_
     on counting the steps skipped in a row."""
     import signal
 
-    from framework import trainer
-    from framework.trainer import Interrupted
+    from sigma_moe.framework import trainer
+    from sigma_moe.framework.trainer import Interrupted
 
     monkeypatch.setattr(trainer, "MAX_SKIPPED_IN_ROW", 6)
     nan_losses_at(monkeypatch, lambda n: n >= 4)
@@ -233,7 +233,7 @@ def test_a_preemption_while_steps_are_skipped_prunes_nothing_and_the_count_goes_
 def test_nan_skip_policy_forgets_the_memory_of_the_skipped_step(tmp_path, monkeypatch):
     """A NaN in the forward also lands in the Transformer-XL memory: kept, it would make
     every later step NaN (and be checkpointed); the skipped step's memory is dropped."""
-    from tasks.lm import LMTask
+    from sigma_moe.tasks.lm import LMTask
 
     real = LMTask.train_losses
     calls = [0]

@@ -11,15 +11,15 @@ from collections import Counter
 import pytest
 from omegaconf import OmegaConf
 
-from framework.cli import check_experiment
-from framework.config import check_top_level
-from framework.data.base import train_tokens_for
-from models.ffn.dense import DenseConfig
-from models.ffn.experts import ExpertsConfig
-from models.ffn.pkm import PKMConfig
-from models.ffn.sigma_moe import SigmaMoEConfig
-from models.ffn.topk import TopKConfig
-from models.flops import dense_counterpart, ffn_flops, relative_ffn_flops
+from sigma_moe.framework.cli import check_experiment
+from sigma_moe.framework.config import check_top_level
+from sigma_moe.framework.data.base import train_tokens_for
+from sigma_moe.models.ffn.dense import DenseConfig
+from sigma_moe.models.ffn.experts import ExpertsConfig
+from sigma_moe.models.ffn.pkm import PKMConfig
+from sigma_moe.models.ffn.sigma_moe import SigmaMoEConfig
+from sigma_moe.models.ffn.topk import TopKConfig
+from sigma_moe.models.flops import dense_counterpart, ffn_flops, relative_ffn_flops
 from tests.helpers import EXP_DIR, EXPS, compose_cfg, load, tables_of
 
 # a run of the paper claims a cell of one of its tables; the others are the laptop's (the
@@ -278,9 +278,9 @@ def test_a_new_variant_needs_its_own_flops_formula(monkeypatch, capsys):
     formula and printed wrong FLOPs; mode=params now says there is none."""
     from dataclasses import dataclass
 
-    from models.ffn import FFNS
-    from models.ffn.sigma_moe import SigmaMoE
-    from tasks.lm_run import print_params
+    from sigma_moe.models.ffn import FFNS
+    from sigma_moe.models.ffn.sigma_moe import SigmaMoE
+    from sigma_moe.tasks.lm_run import print_params
 
     @dataclass(frozen=True)
     class GLUConfig(SigmaMoEConfig):
@@ -290,13 +290,14 @@ def test_a_new_variant_needs_its_own_flops_formula(monkeypatch, capsys):
         Config = GLUConfig
 
     with pytest.raises(TypeError, match="no FLOPs formula for GLUConfig: add one to "
-                                        "models/flops.py"):
+                                        "sigma_moe/models/flops.py"):
         ffn_flops(GLUConfig(412, 16, n_experts=16, expert_size=128, k=4))
     monkeypatch.setitem(FFNS._items, "glu", GLU)
     out = print_params(compose_cfg(["ffn.kind=glu"]))
     line = capsys.readouterr().out
     assert line.startswith("mini_moe: 3.53M parameters (FFN glu: ")
-    assert line.endswith(", FFN FLOPs unknown (no formula for GLUConfig in models/flops.py)\n")
+    assert line.endswith(
+        ", FFN FLOPs unknown (no formula for GLUConfig in sigma_moe/models/flops.py)\n")
     assert "ffn_flops_per_token" not in out
     print_params(compose_cfg([]))
     assert "(FFN sigma_moe: " in capsys.readouterr().out

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from framework.checkpoint import list_checkpoints, load_checkpoint
-from framework.config import ConfigError
-from framework.trainer import Trainer
-from tasks import TASKS
+from sigma_moe.framework.checkpoint import list_checkpoints, load_checkpoint
+from sigma_moe.framework.config import ConfigError
+from sigma_moe.framework.trainer import Trainer
+from sigma_moe.tasks import TASKS
 from tests.helpers import TINY, TINY_MOE, compose_cfg, metrics
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -38,7 +38,7 @@ runpy.run_path({run_py!r}, run_name="__main__")
 """
 
 KILL_IN_SAVE = """
-import framework.checkpoint as ck
+import sigma_moe.framework.checkpoint as ck
 real_save, calls = ck.torch.save, [0]
 def save(obj, f, *a, **k):
     calls[0] += 1
@@ -52,7 +52,7 @@ ck.torch.save = save
 # (the tiny model's steps take milliseconds; the test polls every 50 ms)
 SLOW_STEPS = """
 import time
-from framework.trainer import Trainer
+from sigma_moe.framework.trainer import Trainer
 real_step = Trainer.train_step
 def train_step(self):
     time.sleep(0.2)
@@ -104,8 +104,8 @@ def reference(tmp_path_factory):
 
 def test_a_run_names_its_data(reference):
     """The start line and results.json say which tokens a run read (sizes, passes, sha256)."""
-    from framework.data import DATASETS
-    from framework.data.enwik_mini import EnwikMiniConfig
+    from sigma_moe.framework.data import DATASETS
+    from sigma_moe.framework.data.enwik_mini import EnwikMiniConfig
 
     data = DATASETS.get("enwik_mini").load(EnwikMiniConfig())
     n = {s: len(a) for s, a in data.splits.items()}
@@ -205,7 +205,7 @@ def test_eval_of_a_run_that_has_not_checkpointed_yet(tmp_path):
     wrong (and so would training it)."""
     import fcntl
 
-    from framework.run_dirs import hold_run_dir
+    from sigma_moe.framework.run_dirs import hold_run_dir
 
     cfg = {**compose_cfg([*OVERRIDES, "trainer.steps=2"]), "mode": "eval"}
     with pytest.raises(ConfigError, match="; train this run first$"):
@@ -232,8 +232,8 @@ def test_no_loadable_checkpoint_stops_eval_and_training_until_the_user_decides(t
     """Every checkpoint broken: mode=eval stops; training stops too (not a silent start from
     step 0 over the run's record), and so does every rerun, until one is repaired or
     fresh=true starts over beside it."""
-    from framework.checkpoint import CheckpointError
-    from framework.run_dirs import choose_run_dir
+    from sigma_moe.framework.checkpoint import CheckpointError
+    from sigma_moe.framework.run_dirs import choose_run_dir
 
     cfg = compose_cfg([*OVERRIDES, "trainer.steps=2"])
     RUN(cfg, tmp_path)
@@ -310,7 +310,7 @@ def test_unwritable_or_full_run_dir_fails_before_training(tmp_path, monkeypatch)
 def test_disk_full_during_a_checkpoint_stops_with_one_line(tmp_path, monkeypatch):
     import errno
 
-    import framework.checkpoint as ck
+    import sigma_moe.framework.checkpoint as ck
 
     real_save = ck.torch.save
 
@@ -339,7 +339,7 @@ def test_finished_run_is_not_retrained_and_fresh_starts_anew(tmp_path, reference
     # a results.json without the numbers (edited by hand) still marks the run finished
     res = json.loads((tmp_path / "run-2" / "results.json").read_text())
     (tmp_path / "run-2" / "results.json").write_text(json.dumps({**res, "test": {}}))
-    from framework.run_dirs import choose_run_dir
+    from sigma_moe.framework.run_dirs import choose_run_dir
 
     assert choose_run_dir(compose_cfg(OVERRIDES), tmp_path / "run-2") is None
     assert (run_dir / "results.json").stat().st_mtime_ns == before
@@ -357,7 +357,7 @@ def test_same_seed_same_losses(tmp_path):
 
 def test_a_run_resumes_with_another_grad_accum(tmp_path):
     """Out of memory: rerun with trainer.grad_accum=2, the same run (same batch per step)."""
-    from framework.run_dirs import choose_run_dir
+    from sigma_moe.framework.run_dirs import choose_run_dir
 
     cfg = compose_cfg([*OVERRIDES, "trainer.steps=3", "trainer.ckpt_every=2"])
     RUN(cfg, tmp_path)
@@ -371,7 +371,7 @@ def test_a_run_resumes_with_another_grad_accum(tmp_path):
 
 
 def test_a_batch_that_does_not_split_stops_before_training(tmp_path):
-    from tasks.lm import check_batch_split
+    from sigma_moe.tasks.lm import check_batch_split
 
     cfg = compose_cfg([*OVERRIDES, "trainer.grad_accum=3"])  # task.batch_size=4
     with pytest.raises(ConfigError, match=r"^trainer.grad_accum=3 does not divide "

@@ -8,8 +8,8 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from framework.config import ConfigError, from_dict
-from models.ffn import FFNS
+from sigma_moe.framework.config import ConfigError, from_dict
+from sigma_moe.models.ffn import FFNS
 
 FFN_DIR = Path(__file__).resolve().parents[1] / "configs" / "ffn"
 WT_S = dict(d_model=412, n_layers=16, dropout=0.1)
@@ -66,8 +66,8 @@ def test_yaml_comments_document_the_paper_rows():
 
 def test_a_variant_without_its_own_config_is_refused():
     """It would read its parent's keys and get its parent's FLOPs formula, silently."""
-    from framework.registry import RegistryError
-    from models.ffn.sigma_moe import SigmaMoE
+    from sigma_moe.framework.registry import RegistryError
+    from sigma_moe.models.ffn.sigma_moe import SigmaMoE
 
     class Forgot(SigmaMoE):
         pass
@@ -103,8 +103,8 @@ def test_an_expert_layer_precompiles_at_its_own_shapes(monkeypatch):
     and the step's token count."""
     import torch
 
-    import kernels
-    from models.ffn.sigma_moe import SigmaMoEConfig
+    from sigma_moe import kernels
+    from sigma_moe.models.ffn.sigma_moe import SigmaMoEConfig
 
     calls = []
     monkeypatch.setattr(kernels, "precompile_moe",
@@ -121,9 +121,9 @@ def test_expert_layers_take_token_chunks(monkeypatch):
     import pytest
     import torch
 
-    from framework.config import ConfigError
-    from models.ffn import experts
-    from models.ffn.sigma_moe import SigmaMoE, SigmaMoEConfig
+    from sigma_moe.framework.config import ConfigError
+    from sigma_moe.models.ffn import experts
+    from sigma_moe.models.ffn.sigma_moe import SigmaMoE, SigmaMoEConfig
 
     asked, real = [], experts.moe_mlp
     monkeypatch.setattr(experts, "moe_mlp",

@@ -4,9 +4,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from framework.config import ConfigError
-from models.ffn.dense import DenseConfig, DenseFFN
-from models.ffn.topk import TopKConfig, TopKFFN
+from sigma_moe.framework.config import ConfigError
+from sigma_moe.models.ffn.dense import DenseConfig, DenseFFN
+from sigma_moe.models.ffn.topk import TopKConfig, TopKFFN
 
 D, F_, L = 12, 40, 4
 

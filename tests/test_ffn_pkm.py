@@ -6,8 +6,8 @@ import math
 import pytest
 import torch
 
-from framework.config import ConfigError
-from models.ffn.pkm import PKM, PKMConfig
+from sigma_moe.framework.config import ConfigError
+from sigma_moe.models.ffn.pkm import PKM, PKMConfig
 
 D, N, H, L = 8, 7, 3, 4
 

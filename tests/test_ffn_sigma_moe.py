@@ -6,10 +6,10 @@ import math
 import pytest
 import torch
 
-from framework.config import ConfigError
-from models.ffn.base import entropy_regularizer
-from models.ffn.experts import ExpertsConfig
-from models.ffn.sigma_moe import SigmaMoE, SigmaMoEConfig
+from sigma_moe.framework.config import ConfigError
+from sigma_moe.models.ffn.base import entropy_regularizer
+from sigma_moe.models.ffn.experts import ExpertsConfig
+from sigma_moe.models.ffn.sigma_moe import SigmaMoE, SigmaMoEConfig
 
 D, E, G, K, L = 10, 6, 8, 2, 4
 
@@ -157,7 +157,7 @@ def test_evaluation_is_deterministic_and_training_is_not(dropout):
 
 
 def test_dead_fraction_counts_never_chosen_experts_only():
-    from models.ffn.base import RoutingStats
+    from sigma_moe.models.ffn.base import RoutingStats
 
     stats = RoutingStats()
     stats.enabled = True
@@ -213,7 +213,7 @@ def test_an_empty_batch_trains(backend):
 def test_experts_get_x_in_the_dtype_their_backend_computes_in(backend, dtype, monkeypatch):
     """Under autocast the reference computes in its inputs' own dtypes (fp32 here, as a
     check should), the other backends get x cast once, shared with the selector."""
-    import models.ffn.experts as experts
+    import sigma_moe.models.ffn.experts as experts
 
     seen, real = [], experts.moe_mlp
     monkeypatch.setattr(experts, "moe_mlp", lambda x, *a, **k: seen.append(x.dtype)
@@ -227,7 +227,7 @@ def test_selection_runs_in_fp32_under_bf16_autocast(monkeypatch):
     """bf16 sigmoids of distinct logits tie (the top-K then picks by expert id) and round
     to gates of 1 (no gradient): the experts and gates are those of fp32 sigmoids of the
     same (bf16) logits."""
-    import models.ffn.experts as experts
+    import sigma_moe.models.ffn.experts as experts
 
     torch.manual_seed(0)
     moe = make(n_experts=16, k=4)

@@ -6,9 +6,9 @@ import math
 import pytest
 import torch
 
-from framework.config import ConfigError
-from models.ffn.sbase import SBaseConfig, SBaseMoE
-from models.ffn.switch import SwitchConfig, SwitchMoE
+from sigma_moe.framework.config import ConfigError
+from sigma_moe.models.ffn.sbase import SBaseConfig, SBaseMoE
+from sigma_moe.models.ffn.switch import SwitchConfig, SwitchMoE
 
 D, E, G, K, L = 10, 6, 8, 2, 4
 BASE = dict(d_model=D, n_layers=L, n_experts=E, expert_size=G, k=K, backend="reference")

@@ -1,14 +1,15 @@
 """The relative-FLOPs table (paper Tab. flops_detailed, Tab. moe's "% FLOPs"):
-scripts/flops_table.py and models/flops.py, on a grid of experiments and on configs/exp/."""
+scripts/flops_table.py and sigma_moe/models/flops.py, on a grid of experiments and on
+configs/exp/."""
 from pathlib import Path
 
 import pytest
 
-from models.ffn.dense import DenseConfig
-from models.ffn.experts import ExpertsConfig
-from models.flops import ffn_flops, relative_ffn_flops
 from scripts import paper_tables
 from scripts.flops_table import config_relative_flops
+from sigma_moe.models.ffn.dense import DenseConfig
+from sigma_moe.models.ffn.experts import ExpertsConfig
+from sigma_moe.models.flops import ffn_flops, relative_ffn_flops
 from tests.tables_helpers import PAPER_COLUMNS, PAPER_FLOPS, cells, paper_grid, table_lines
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -223,7 +223,7 @@ def test_gpu_check_refuses_without_cuda_unless_told(tmp_path):
 # Triton's own record of two tunings, written by its Autotuner.check_disk_cache (what a
 # tuning with cache_results writes on a GPU); run after tests.triton_helpers.STAND_IN_DRIVER
 WRITE_AUTOTUNE_RECORDS = """
-from kernels import triton_launch as L
+from sigma_moe.kernels import triton_launch as L
 
 def record(tuner, key, ms):
     configs = tuner.configs[:len(ms)]

@@ -1,6 +1,6 @@
-"""kernels/: routing, the fast torch path, grouped_mm, dispatch and torch.compile (CPU).
+"""sigma_moe/kernels/: routing, the fast torch path, grouped_mm, dispatch and torch.compile (CPU).
 
-Every fast path is checked against the per-expert float64 loop of kernels/reference.py
+Every fast path is checked against the per-expert float64 loop of sigma_moe/kernels/reference.py
 (paper Eq. `moe_out`): output and the gradients w.r.t. x, gate, W1 and W2. The Triton
 kernels are in tests/test_kernels_triton.py.
 """
@@ -14,10 +14,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-import kernels
-from kernels import moe_mlp
-from kernels.routing import make_routing, routing_reference
-from kernels.testing import (
+from sigma_moe import kernels
+from sigma_moe.kernels import moe_mlp
+from sigma_moe.kernels.routing import make_routing, routing_reference
+from sigma_moe.kernels.testing import (
     NO_GROUPED_MM,
     assert_close,
     compare,
@@ -26,7 +26,7 @@ from kernels.testing import (
     reference_case,
     run_case,
 )
-from kernels.torch_path import torch_bwd, torch_fwd
+from sigma_moe.kernels.torch_path import torch_bwd, torch_fwd
 
 
 @pytest.mark.parametrize("E,K,C", [(16383, 2, 1), (8192, 4, 1), (5462, 3, 2), (4, 2, 8192)])
@@ -382,7 +382,7 @@ def test_triton_kernels_refused_on_rocm(monkeypatch):
 
 @pytest.mark.skipif(not kernels.HAS_TRITON, reason="needs Triton")
 def test_triton_interpreter_refused_where_it_cannot_run(monkeypatch):
-    from kernels.triton_tuning import interpreter_problem
+    from sigma_moe.kernels.triton_tuning import interpreter_problem
 
     assert "numpy<2.4" in interpreter_problem("3.6.0", "2.4.6")
     assert interpreter_problem("3.6.0", "2.3.5") is None
@@ -397,7 +397,7 @@ def test_triton_interpreter_refused_where_it_cannot_run(monkeypatch):
 def test_kernels_import_without_triton():
     code = (
         "import sys; sys.modules['triton'] = None\n"
-        "import torch, kernels\n"
+        "import torch\nfrom sigma_moe import kernels\n"
         "assert not kernels.HAS_TRITON\n"
         "x = torch.randn(5, 8); e = torch.tensor([[0], [1], [0], [2], [1]])\n"
         "w1, w2 = torch.randn(3, 8, 4), torch.randn(3, 4, 8)\n"
@@ -412,7 +412,7 @@ def test_kernels_import_without_triton():
         "    raise AssertionError('triton backend accepted without triton')\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         cwd=str(__import__("pathlib").Path(kernels.__file__).parents[1]))
+                         cwd=str(__import__("pathlib").Path(kernels.__file__).parents[2]))
     assert out.returncode == 0, out.stderr
 
 
@@ -475,7 +475,7 @@ def test_precompile_moe_dry_run_is_one_training_step(monkeypatch):
     """kernels.precompile_moe: nothing off CUDA or for a backend without Triton kernels; its
     dry run is one training moe_mlp forward+backward at the given shapes on random inputs
     (here run on the CPU's path), which leaves the random number generator as it was."""
-    import kernels
+    from sigma_moe import kernels
 
     assert kernels.precompile_moe(40, 24, 6, 16, 2, device="cpu") is None
     assert kernels.precompile_moe(40, 24, 6, 16, 2, backend="torch", device="cuda") is None

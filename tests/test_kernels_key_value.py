@@ -1,4 +1,4 @@
-"""kernels/key_value.py against the plain autograd path it replaces (one product, view,
+"""sigma_moe/kernels/key_value.py against the plain autograd path it replaces (one product, view,
 permute, unpack into k and v): the same k, v and gradients bit for bit, and no stack of dk
 and dv in the backward."""
 import pytest
@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from kernels import key_value
+from sigma_moe.kernels import key_value
 
 B, L, D, H, C = 2, 7, 12, 3, 5
 

@@ -1,12 +1,12 @@
-"""Compiling the autotune configs ahead, in parallel (kernels/triton_precompile.py): the
+"""Compiling the autotune configs ahead, in parallel (sigma_moe/kernels/triton_precompile.py): the
 autotuner's launches compile instead of running, and the real run after it finds them
 compiled (on this CPU through a stand-in CUDA driver for sm_90; on a GPU for real); and
-launching past the autotuner once it chose (kernels/triton_tuning.launch_kernel).
+launching past the autotuner once it chose (sigma_moe/kernels/triton_tuning.launch_kernel).
 """
 import pytest
 import torch
 
-from kernels.testing import assert_close, compare, random_case, reference_case, run_case
+from sigma_moe.kernels.testing import assert_close, compare, random_case, reference_case, run_case
 from tests.triton_helpers import (
     CUDA,
     STAND_IN_DRIVER,
@@ -38,7 +38,7 @@ def fake_tuner(record, **autotune):
 
 
 def test_precompile_compiles_the_configs_an_autotuner_would_try(monkeypatch):
-    """kernels/triton_precompile.py: inside `compiling_only` an autotuned launch compiles
+    """sigma_moe/kernels/triton_precompile.py: inside `compiling_only` an autotuned launch compiles
     (warmup=True: nothing runs) each config its pruning keeps, with the launch's own
     arguments, inside Triton's AsyncCompileMode, and a backward stays on this thread (on
     CUDA autograd's device thread would not see the compile mode: its compiles would go one
@@ -47,7 +47,7 @@ def test_precompile_compiles_the_configs_an_autotuner_would_try(monkeypatch):
     from triton.runtime import _async_compile
     from triton.runtime.autotuner import Autotuner
 
-    from kernels import triton_precompile
+    from sigma_moe.kernels import triton_precompile
 
     calls = []
     tuner = fake_tuner(
@@ -77,7 +77,7 @@ def test_compiling_only_puts_back_the_runs_it_patched():
     """COMPILE_ONLY's kernels get a compile-only `run` within, and afterwards what they had
     before: a nested entry (which Triton refuses: one AsyncCompileMode at a time) keeps
     the outer's patch; a `run` of someone else's survives."""
-    from kernels.triton_precompile import COMPILE_ONLY, compiling_only
+    from sigma_moe.kernels.triton_precompile import COMPILE_ONLY, compiling_only
 
     kernel = COMPILE_ONLY[0]
     assert "run" not in vars(kernel)
@@ -104,7 +104,7 @@ def test_compiling_only_puts_back_the_runs_it_patched():
 
 
 def test_launch_kernel_goes_past_the_autotuner_once_it_chose(monkeypatch):
-    """kernels/triton_tuning.launch_kernel: the first launch of a key (the tuner's key
+    """sigma_moe/kernels/triton_tuning.launch_kernel: the first launch of a key (the tuner's key
     arguments and every pointer's dtype, what Triton's own key holds) goes through the
     autotuner, which times the configs; later launches of that key run the same launch
     (grid, arguments and every kwarg of the config) without asking it; another key value
@@ -112,7 +112,7 @@ def test_launch_kernel_goes_past_the_autotuner_once_it_chose(monkeypatch):
     An autotuner that keys its choices otherwise is asked every time."""
     from triton.runtime.autotuner import Autotuner
 
-    from kernels import triton_precompile, triton_tuning
+    from sigma_moe.kernels import triton_precompile, triton_tuning
 
     ran, timed, asked = [], [], []
     tuner = fake_tuner(lambda args, grid, warmup, kwargs: ran.append(
@@ -158,11 +158,11 @@ def test_launch_kernel_goes_past_the_autotuner_once_it_chose(monkeypatch):
 # interpreter) with a stand-in CUDA driver: it targets sm_90 and has nothing to launch with
 PRECOMPILE_LAYER = STAND_IN_DRIVER + """
 import torch
-import kernels.triton_launch as L
-import kernels.triton_tuning as tuning
-from kernels import triton_ops
-from kernels.routing import make_routing
-from kernels.triton_precompile import precompile
+import sigma_moe.kernels.triton_launch as L
+import sigma_moe.kernels.triton_tuning as tuning
+from sigma_moe.kernels import triton_ops
+from sigma_moe.kernels.routing import make_routing
+from sigma_moe.kernels.triton_precompile import precompile
 
 tuning.max_shared_mem = lambda index: tuning.H100_SMEM
 T, D, E, G, K = 64, 256, 8, 64, 4
@@ -242,7 +242,7 @@ def test_gpu_precompile_leaves_nothing_to_compile():
     launches) compiles nothing more: every trial found its config compiled under the key
     the warm-up filled. The result is still right: the warm-up ran no autotuned kernel and
     left nothing behind."""
-    from kernels import triton_launch, triton_precompile
+    from sigma_moe.kernels import triton_launch, triton_precompile
 
     # a shape of its own (odd tokens, G = 48), so that the kernels are new to this process
     case = random_case(T=523, D=208, E=8, G=48, K=3, dtype=torch.bfloat16, device="cuda")

@@ -1,5 +1,5 @@
-"""kernels/triton_relshift.py (on a GPU, else under TRITON_INTERPRET=1) against the
-torch.where on the strided view of models/attention.py: the shifted, masked bias and its
+"""sigma_moe/kernels/triton_relshift.py (on a GPU, else under TRITON_INTERPRET=1) against the
+torch.where on the strided view of sigma_moe/models/attention.py: the shifted, masked bias and its
 gradient, bit for bit (both only move values)."""
 import json
 
@@ -7,8 +7,8 @@ import pytest
 import torch
 
 pytest.importorskip("triton")
-from kernels.triton_relshift import relshift_bias, relshift_bias_grad  # noqa: E402
-from models.attention import (  # noqa: E402
+from sigma_moe.kernels.triton_relshift import relshift_bias, relshift_bias_grad  # noqa: E402
+from sigma_moe.models.attention import (  # noqa: E402
     _PositionBias,
     bd_width,
     position_bias,
@@ -85,8 +85,8 @@ def test_gpu_relshift_at_wt_b_shapes():
 
 _COMPILE = """
 import json, re
-from kernels.triton_aot import compile_kernel, ptxas_usage
-from kernels.triton_relshift import BLOCK_C, ROWS, WARPS, relshift_kernel
+from sigma_moe.kernels.triton_aot import compile_kernel, ptxas_usage
+from sigma_moe.kernels.triton_relshift import BLOCK_C, ROWS, WARPS, relshift_kernel
 for dt in ("bf16", "fp32"):
     for bwd in (False, True):
         cex = {"FILL": 0.0 if bwd else float("-inf"), "BACKWARD": bwd, "ROWS": ROWS,
@@ -124,8 +124,8 @@ def test_gpu_attention_on_the_triton_shift_equals_the_torch_shift(monkeypatch):
     """RelativeAttention on CUDA in bf16 with WT-S's 41-wide heads (padded to 48): the
     Triton shift gives the torch shift's output bit for bit (SDPA sees the same bias), and
     its gradients up to the order of the memory-efficient backward's atomic sums."""
-    import kernels
-    from models.attention import AttentionConfig, RelativeAttention
+    from sigma_moe import kernels
+    from sigma_moe.models.attention import AttentionConfig, RelativeAttention
 
     torch.manual_seed(0)
     attn = RelativeAttention(AttentionConfig(128, 4, 41, 2)).cuda()

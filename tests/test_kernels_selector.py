@@ -1,10 +1,10 @@
-"""kernels/selector.py: the selector's product sharing x with the experts, against plain
+"""sigma_moe/kernels/selector.py: the selector's product sharing x with the experts, against plain
 autograd (`x @ w.T`, and x itself passed on), whose backward adds the two x gradients."""
 import pytest
 import torch
 
-from kernels import moe_mlp, selector_logits
-from kernels.testing import random_case
+from sigma_moe.kernels import moe_mlp, selector_logits
+from sigma_moe.kernels.testing import random_case
 
 
 def _loss(logits_TE, xe_TD, a_TE, b_TD, use=("logits", "x")):

@@ -1,11 +1,11 @@
-"""The expert selection's Triton top-K (kernels/triton_topk.py, `kernels.topk`) against
+"""The expert selection's Triton top-K (sigma_moe/kernels/triton_topk.py, `kernels.topk`) against
 torch.topk: under the Triton interpreter on a CPU (tests/conftest.py), on CUDA on a GPU."""
 import json
 
 import pytest
 import torch
 
-import kernels
+from sigma_moe import kernels
 from tests.triton_helpers import DEVICE, TRITON_MARKS, need_hopper_toolchain, outside_interpreter
 
 pytestmark = TRITON_MARKS
@@ -61,8 +61,8 @@ def test_topk_rejects_k_beyond_the_experts_and_unknown_backends():
 
 _COMPILE_TOPK = """
 import json, triton
-from kernels.triton_aot import compile_kernel, ptxas_usage
-from kernels.triton_topk import _block_t, topk_kernel
+from sigma_moe.kernels.triton_aot import compile_kernel, ptxas_usage
+from sigma_moe.kernels.triton_topk import _block_t, topk_kernel
 for dt, E, K in (("bf16", 8, 2), ("bf16", 32, 4), ("fp32", 33, 8), ("bf16", 512, 8)):
     cex = {"K": K, "E_P2": triton.next_power_of_2(E), "stride_e": 1}
     cex["BLOCK_T"] = _block_t(cex["E_P2"])

@@ -1,4 +1,4 @@
-"""The CVMM Triton kernels (kernels/triton_*.py) against the per-expert reference.
+"""The CVMM Triton kernels (sigma_moe/kernels/triton_*.py) against the per-expert reference.
 
 On a CPU these run in the Triton interpreter (TRITON_INTERPRET=1, set by tests/conftest.py
 before triton is imported); shapes stay tiny so the whole file takes seconds. Tests that
@@ -7,10 +7,10 @@ need a real GPU (bf16 tensor cores, large shapes, timing) carry `@pytest.mark.gp
 import pytest
 import torch
 
-import kernels
-from kernels import moe_mlp
-from kernels.routing import make_routing
-from kernels.testing import (
+from sigma_moe import kernels
+from sigma_moe.kernels import moe_mlp
+from sigma_moe.kernels.routing import make_routing
+from sigma_moe.kernels.testing import (
     NO_GROUPED_MM,
     TOLERANCE,
     assert_close,
@@ -33,7 +33,7 @@ def _leaves(case, names):
 def test_cvmm_gather_op(C):
     """C[r] = x[tok[r]] @ W[e_r] and its gradients (dx through the slot-ordered scatter,
     chunk by chunk with C token chunks)."""
-    from kernels.triton_ops import cvmm_gather
+    from sigma_moe.kernels.triton_ops import cvmm_gather
 
     case = random_case(T=19, D=24, E=5, G=20, K=3, device=DEVICE)
     r = make_routing(case["expert_TK"], 5, C, chunks_in_slots=True)
@@ -51,7 +51,7 @@ def test_cvmm_gather_op(C):
 @pytest.mark.parametrize("C", [1, 2])
 def test_cvmm_scatter_op(C):
     """Y[t] = sum_k A[r(t,k)] @ W[e_r] and its gradients (dA through the gathered kernel)."""
-    from kernels.triton_ops import cvmm_scatter
+    from sigma_moe.kernels.triton_ops import cvmm_scatter
 
     case = random_case(T=17, D=20, E=6, G=24, K=4, device=DEVICE, n_unused=2)
     r = make_routing(case["expert_TK"], 6, C, chunks_in_slots=True)
@@ -72,7 +72,7 @@ if kernels.HAS_TRITON:
     import triton
     import triton.language as tl
 
-    from kernels.triton_cvmm import _segment_tile
+    from sigma_moe.kernels.triton_cvmm import _segment_tile
 
     @triton.jit
     def _tiles_kernel(off_ptr, out_ptr, n_seg, seg_len, reverse, BLOCK_M: tl.constexpr,
@@ -145,7 +145,7 @@ class _ScatterAt:
         self.forced = forced
 
     def __getitem__(self, grid):
-        from kernels.triton_cvmm import scatter_mm_kernel
+        from sigma_moe.kernels.triton_cvmm import scatter_mm_kernel
 
         def launch(*args, **consts):
             scatter_mm_kernel[grid](*args, **{**consts, **self.forced})
@@ -158,7 +158,7 @@ def test_scatter_column_loop_matches_reference(monkeypatch, dtype):
     rows loaded once; the autotuner's choice where G <= BLOCK_K): both scatters of the
     fused layer (gate-scaled y, dx) with 3 column tiles of d_model 40 in loops of 2 (the
     last loop half outside N), odd T, an unused expert. On a GPU the autotuner picks."""
-    from kernels import triton_launch
+    from sigma_moe.kernels import triton_launch
 
     monkeypatch.setattr(triton_launch, "_scatter_mm", _ScatterAt(N_TILES=2, BLOCK_K=32))
     case = random_case(T=15, D=40, E=4, G=20, K=3, dtype=dtype, device=DEVICE, seed=3,
@@ -170,8 +170,8 @@ def _scatter_with_config(monkeypatch, cfg, scaled, T, N, E, K, G, dtype, device)
     """launch.scatter_mm with the scatter kernel launched at `cfg` (not autotuned): the
     gate-scaled scatter (the forward's y) or a plain one through a transposed W (dx) ->
     its relative error against float64."""
-    from kernels import triton_launch
-    from kernels.testing import rel_err
+    from sigma_moe.kernels import triton_launch
+    from sigma_moe.kernels.testing import rel_err
 
     case = random_case(T=T, D=N, E=E, G=G, K=K, dtype=dtype, device=device, n_unused=1)
     r = make_routing(case["expert_TK"], E)
@@ -193,7 +193,7 @@ def _scatter_with_config(monkeypatch, cfg, scaled, T, N, E, K, G, dtype, device)
 
 
 def _column_loop_configs() -> list:
-    from kernels.triton_tuning import SCATTER_CONFIGS
+    from sigma_moe.kernels.triton_tuning import SCATTER_CONFIGS
 
     return [c for c in SCATTER_CONFIGS if c.kwargs.get("N_TILES", 1) > 1]
 
@@ -250,8 +250,8 @@ def test_token_chunks_change_only_the_scatters(backend, K, C, dtype):
 
 
 def test_triton_ops_refuse_routings_they_cannot_run():
-    from kernels import triton_launch
-    from kernels.triton_ops import moe_mlp_triton
+    from sigma_moe.kernels import triton_launch
+    from sigma_moe.kernels.triton_ops import moe_mlp_triton
 
     case = random_case(T=6, D=8, E=3, G=8, K=2, device=DEVICE)
     routing = make_routing(case["expert_TK"], 3, n_chunks=2)  # (expert, chunk, slot)
@@ -421,7 +421,7 @@ def test_a_launch_makes_its_tensors_device_current(monkeypatch):
     ("Pointer argument cannot be accessed"). Driven with a stand-in CUDA tensor."""
     import contextlib
 
-    from kernels import triton_launch
+    from sigma_moe.kernels import triton_launch
 
     made_current = []
 

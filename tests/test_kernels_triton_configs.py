@@ -1,4 +1,4 @@
-"""The CVMM kernels' autotune configs (kernels/triton_tuning.py): what they need on sm_90
+"""The CVMM kernels' autotune configs (sigma_moe/kernels/triton_tuning.py): what they need on sm_90
 (shared memory, registers, wgmma and a pipelined loop, compiled ahead of time with real
 Triton, no GPU needed), which ones a GPU's shared memory keeps, and how the autotuner
 times them; the launchers' host-side arithmetic.
@@ -14,11 +14,12 @@ pytestmark = TRITON_MARKS
 
 
 def _compile_for_hopper(*args: str) -> list[dict]:
-    """Reports of `python -m kernels.triton_aot *args` (skips without ptxas / new Triton)."""
+    """Reports of `python -m sigma_moe.kernels.triton_aot *args` (skips without ptxas / a new
+    Triton)."""
     import json
 
     need_hopper_toolchain()
-    stdout = outside_interpreter("-m", "kernels.triton_aot", *args)
+    stdout = outside_interpreter("-m", "sigma_moe.kernels.triton_aot", *args)
     return [json.loads(line) for line in stdout.splitlines()]
 
 
@@ -42,7 +43,7 @@ def test_smem_estimate_is_what_triton_allocates():
     """fitting_configs' estimate is the shared memory of every compiled fp32 config (sm_90;
     of the wgrad kernel with 2 stages, an upper bound), so the pruning drops exactly the
     configs that cannot run on an H100."""
-    from kernels.triton_tuning import (
+    from sigma_moe.kernels.triton_tuning import (
         H100_SMEM,
         MM_CONFIGS,
         SCATTER_CONFIGS,
@@ -101,14 +102,14 @@ def test_loads_stay_in_flight_across_loop_steps():
         ahead = max(0, ((s + 1) // 2 if wgrad else s) - 2)
         groups = 3 if wgrad else 1 if r["variant"].get("N_TILES", 1) > 1 else 2
         assert r["copies_left_in_flight"] == groups * ahead, r
-    from kernels.triton_tuning import WGRAD_CONFIGS
+    from sigma_moe.kernels.triton_tuning import WGRAD_CONFIGS
 
     baseline = WGRAD_CONFIGS[-1]
     assert baseline.num_stages == 4 and all(c.num_stages >= 5 for c in WGRAD_CONFIGS[:-1])
 
 
 def test_fitting_configs_per_gpu():
-    from kernels.triton_tuning import (
+    from sigma_moe.kernels.triton_tuning import (
         H100_SMEM,
         MM_CONFIGS,
         SMALL_CONFIG,
@@ -133,7 +134,7 @@ def test_fitting_configs_per_gpu():
 def test_autotune_candidates_per_precision_and_switch(monkeypatch):
     """fp32 without TF32 runs on FMA units, where every tile above 64x64 spills: its own
     configs; SIGMA_MOE_TRITON_AUTOTUNE=0 (the GPU tests) keeps the first that fits."""
-    import kernels.triton_tuning as L
+    import sigma_moe.kernels.triton_tuning as L
 
     monkeypatch.setattr(L, "max_shared_mem", lambda index: L.H100_SMEM)
     monkeypatch.setattr(L, "AUTOTUNE", True)
@@ -155,7 +156,7 @@ def test_tf32_is_read_from_either_torch_api():
     >= 2.9): fp32 launches crashed in such a process."""
     from types import SimpleNamespace as NS
 
-    from kernels.triton_tuning import tf32_allowed
+    from sigma_moe.kernels.triton_tuning import tf32_allowed
 
     assert tf32_allowed(NS(allow_tf32=True)) and not tf32_allowed(NS(allow_tf32=False))
     assert tf32_allowed(NS(fp32_precision="tf32"), NS(fp32_precision="ieee"))
@@ -169,7 +170,7 @@ def test_fp32_without_tf32_compiles_without_spills():
     """The IEEE configs: every kernel variant for sm_90 without spills (the tensor-core
     configs need over 255 registers per thread on FMA units and spill up to 2 KB)."""
     reports = _compile_for_hopper("fp32-ieee", "--all-configs", "--spills")
-    from kernels.triton_tuning import IEEE_CONFIGS
+    from sigma_moe.kernels.triton_tuning import IEEE_CONFIGS
 
     assert len(reports) == 3 * 2 * len(IEEE_CONFIGS)
     assert all(r["spill_bytes"] == 0 for r in reports), reports
@@ -184,7 +185,7 @@ def test_gpu_autotuners_prune_and_cache():
     import triton
 
     stdout = outside_interpreter("-c", (
-        "import kernels.triton_launch as L\n"
+        "import sigma_moe.kernels.triton_launch as L\n"
         "for a in (L._gather_mm, L._scatter_mm, L._wgrad):\n"
         "    print(getattr(a, 'cache_results', False), a.early_config_prune.__name__,\n"
         "          a._do_bench.__name__)\n"))
@@ -200,7 +201,7 @@ def test_autotune_times_graph_replays_after_the_callers_kernels(monkeypatch):
     replays of the launch, with the autotuner's quantiles."""
     import triton.testing
 
-    from kernels import triton_tuning
+    from sigma_moe.kernels import triton_tuning
 
     calls = []
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: calls.append("sync"))
@@ -237,7 +238,7 @@ def test_host_arithmetic_is_tritons():
     constexpr functions costing ~1.4 us a call) agree with Triton's."""
     import triton
 
-    from kernels.triton_tuning import cdiv, next_power_of_2
+    from sigma_moe.kernels.triton_tuning import cdiv, next_power_of_2
 
     assert all(cdiv(a, b) == triton.cdiv(a, b) for a in range(300) for b in range(1, 70))
     assert all(next_power_of_2(n) == triton.next_power_of_2(n) for n in range(1, 5000))

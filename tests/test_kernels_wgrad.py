@@ -1,4 +1,4 @@
-"""The weight-gradient kernel's chunks (kernels/triton_cvmm.py wgrad_kernel and
+"""The weight-gradient kernel's chunks (sigma_moe/kernels/triton_cvmm.py wgrad_kernel and
 wgrad_reduce_kernel): an expert's rows split into chunks of at most chunk_rows, fp32
 partials summed in chunk order. Against a float64 per-expert sum, on skewed routing with
 empty experts, and deterministic (on a GPU, else in the Triton interpreter)."""
@@ -8,9 +8,9 @@ import pytest
 import torch
 
 pytest.importorskip("triton")
-from kernels import triton_launch  # noqa: E402
-from kernels.routing import make_routing  # noqa: E402
-from kernels.testing import (  # noqa: E402
+from sigma_moe.kernels import triton_launch  # noqa: E402
+from sigma_moe.kernels.routing import make_routing  # noqa: E402
+from sigma_moe.kernels.testing import (  # noqa: E402
     TOLERANCE,
     assert_close,
     compare,
@@ -110,8 +110,8 @@ def test_layer_with_split_weight_gradients(monkeypatch):
 
 _COMPILE_REDUCE = """
 import json
-from kernels.triton_aot import compile_kernel, ptxas_usage
-from kernels.triton_cvmm import wgrad_reduce_kernel
+from sigma_moe.kernels.triton_aot import compile_kernel, ptxas_usage
+from sigma_moe.kernels.triton_cvmm import wgrad_reduce_kernel
 for dt in ("bf16", "fp32"):
     c = compile_kernel(wgrad_reduce_kernel, {"SEG_P2": 32, "BLOCK_M": 64, "BLOCK_N": 64},
                        {"ws_ptr": "fp32", "dw_ptr": dt, "off_ptr": "i32"}, num_warps=4)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from framework.cli import OVERRIDES, dirname
+from sigma_moe.framework.cli import OVERRIDES, dirname
 from tests.helpers import TINY, TINY_MOE
 from tests.test_faults import sigint_as_from_a_terminal
 

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from framework.code_version import code_fingerprint, code_version
-from framework.experiment import run_hashes
 from scripts import mini_claims
 from scripts.mini_claims import Claim, Comparison, check_claims, compare, verdict
 from scripts.run_results import OVERRIDDEN_HEADING
 from scripts.run_versions import CODE_HEADING
+from sigma_moe.framework.code_version import code_fingerprint, code_version
+from sigma_moe.framework.experiment import run_hashes
 from tests.helpers import EXPS, compose_cfg, compose_sweep, jobs, load, tables_of
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -7,10 +7,10 @@ import sys
 import pytest
 import torch
 
-from models.attention import shifted_view
-from models.ffn.dense import DenseConfig
-from models.ffn.sigma_moe import SigmaMoEConfig
-from models.transformer_xl import TransformerXL, TransformerXLConfig
+from sigma_moe.models.attention import shifted_view
+from sigma_moe.models.ffn.dense import DenseConfig
+from sigma_moe.models.ffn.sigma_moe import SigmaMoEConfig
+from sigma_moe.models.transformer_xl import TransformerXL, TransformerXLConfig
 
 D, L, V = 36, 3, 50
 
@@ -101,13 +101,13 @@ def test_shifted_view_maps_offsets_to_key_positions(T, M, spare):
 
 
 def test_bd_rows_are_16_byte_aligned():
-    from models.attention import bd_width
+    from sigma_moe.models.attention import bd_width
 
     assert [bd_width(L) for L in (1, 7, 8, 1024, 1025)] == [8, 8, 16, 1032, 1032]
 
 
 def test_zero_pad_appends_zeros_and_copies_nothing_when_there_is_nothing_to_pad():
-    from models.attention import zero_pad
+    from sigma_moe.models.attention import zero_pad
 
     t = torch.randn(2, 3, 4)
     assert zero_pad(t, 0, dim=1) is t and zero_pad(t, 0) is t  # F.pad would copy
@@ -122,7 +122,7 @@ def test_position_bias_gradient(T, M, P):
     """The bias's backward (the gradient laid back into the unshifted [H, B, T, P]
     layout, zeros outside the window, in the spare columns and on the future keys)
     against finite differences."""
-    from models.attention import _PositionBias
+    from sigma_moe.models.attention import _PositionBias
 
     L = T + M
     future = torch.ones(T, L, dtype=torch.bool).triu(M + 1)
@@ -161,7 +161,7 @@ def test_relative_attention_matches_a_per_query_loop():
     """score(i, j) = scale [(q_i + u) k_j + (q_i + v) R_{M+i-j}], over memory and the causal
     past only (Transformer-XL Sec. 3.3), with every parameter random (u, v start at 0):
     outputs and gradients."""
-    from models.attention import AttentionConfig, RelativeAttention, sinusoid_encoding
+    from sigma_moe.models.attention import AttentionConfig, RelativeAttention, sinusoid_encoding
 
     torch.manual_seed(4)
     H, C, Dm, M, T = 2, 3, 8, 2, 3
@@ -201,7 +201,7 @@ def test_attention_products_see_heads_of_a_multiple_of_8(C, monkeypatch):
     """SDPA's fused kernels need heads of C % 8 == 0 (WT-S's 41 ran the fp32 math kernel on
     an H200) and cuBLAS's aligned ones 16-byte rows: SDPA and bd's product get heads zero-
     padded to 48 (64 stays 64) and bd rows of bd_width(L)."""
-    from models.attention import AttentionConfig, RelativeAttention, bd_width
+    from sigma_moe.models.attention import AttentionConfig, RelativeAttention, bd_width
 
     B, H, T, M = 2, 3, 8, 5
     attn = RelativeAttention(AttentionConfig(32, H, C, 2))
@@ -221,7 +221,7 @@ def test_position_bias_keeps_no_score_sized_tensor_for_backward(monkeypatch):
     """Outside SDPA (stubbed here), the attention saves nothing of the [B, H, T, L] size for
     its backward: the shift is a view and the scale sits on q (WT-B: 1 GB a layer, and
     the multiply and its gradient were two more passes over it)."""
-    from models.attention import AttentionConfig, RelativeAttention, bd_width
+    from sigma_moe.models.attention import AttentionConfig, RelativeAttention, bd_width
 
     B, H, T, M = 2, 4, 8, 12
     attn = RelativeAttention(AttentionConfig(64, H, 16, 2))
@@ -241,7 +241,7 @@ def test_relative_attention_under_autocast_stays_in_its_dtype(monkeypatch):
     promoted q and the [B, H, T, L] positional bias to fp32 (H200, WT-B: the step's largest
     tensors copied to fp32 and back in every layer); the output stays the fp32 one's within
     bf16 rounding, and the parameters still get gradients."""
-    from models.attention import AttentionConfig, RelativeAttention
+    from sigma_moe.models.attention import AttentionConfig, RelativeAttention
 
     torch.manual_seed(5)
     attn = RelativeAttention(AttentionConfig(64, 4, 16, 2))
@@ -269,8 +269,8 @@ def test_evaluation_is_the_token_weighted_loss_of_one_pass_over_each_stream():
     import numpy as np
     import torch.nn.functional as F
 
-    from framework.data.base import TokenData
-    from tasks.lm import LMTask, LMTaskConfig
+    from sigma_moe.framework.data.base import TokenData
+    from sigma_moe.tasks.lm import LMTask, LMTaskConfig
 
     torch.manual_seed(5)
     model = make("sigma_moe", mem_len=8)
@@ -309,8 +309,8 @@ def test_splits_shorter_than_one_segment_per_stream_are_refused_before_training(
     or test split failed only at its evaluation, after the steps were trained."""
     import numpy as np
 
-    from framework.data.base import DataError, TokenData
-    from tasks.lm import LMTaskConfig, check_split_sizes
+    from sigma_moe.framework.data.base import DataError, TokenData
+    from sigma_moe.tasks.lm import LMTaskConfig, check_split_sizes
 
     cfg = LMTaskConfig(batch_size=4, context=8, eval_batch_size=2)
     ok = np.zeros(4 * 9, dtype=np.int64)
@@ -330,8 +330,8 @@ def test_a_run_records_its_data_and_is_warned_before_reading_a_one_pass_corpus_t
     once, warn when `trainer.steps` was raised without the training tokens to match."""
     import numpy as np
 
-    from framework.data.base import StreamBatcher, TokenData, train_tokens_for
-    from tasks.lm import LMTaskConfig, describe_data
+    from sigma_moe.framework.data.base import StreamBatcher, TokenData, train_tokens_for
+    from sigma_moe.tasks.lm import LMTaskConfig, describe_data
 
     cfg = LMTaskConfig(batch_size=4, context=8)
     train = np.zeros(train_tokens_for(10, 4, 8), dtype=np.int64)  # exactly 10 steps
@@ -355,8 +355,8 @@ def toy_task(model: TransformerXL, n_tokens: int = 2 * 13, batch_size: int = 2, 
     """An LMTask over random tokens (the same text in every split)."""
     import numpy as np
 
-    from framework.data.base import TokenData
-    from tasks.lm import LMTask, LMTaskConfig
+    from sigma_moe.framework.data.base import TokenData
+    from sigma_moe.tasks.lm import LMTask, LMTaskConfig
 
     tokens = np.random.default_rng(0).integers(0, V, n_tokens)
     data = TokenData("toy", {"train": tokens, "valid": tokens, "test": tokens}, V, "ppl")
@@ -367,7 +367,7 @@ def toy_task(model: TransformerXL, n_tokens: int = 2 * 13, batch_size: int = 2, 
 def test_training_loss_is_cross_entropy_plus_each_layers_regularizer():
     """L = CE + sum over layers of gamma * L_reg(x_l W3_l^T) (docs/REFERENCE.md: summed over
     layers, on each layer's own input)."""
-    from models.ffn.base import entropy_regularizer
+    from sigma_moe.models.ffn.base import entropy_regularizer
 
     torch.manual_seed(0)
     ffn = SigmaMoEConfig(D, L, 8, 8, 2, reg_gamma=0.5)
@@ -386,7 +386,7 @@ def test_the_task_precompiles_each_expert_layer_shape_at_its_micro_batch(monkeyp
     """LMTask.precompile (the trainer calls it on CUDA before the first step): one
     kernels.precompile_moe a distinct expert-layer shape, at the tokens of one micro-batch
     of this process; a dense model has nothing to compile."""
-    import kernels
+    from sigma_moe import kernels
 
     calls = []
     monkeypatch.setattr(kernels, "precompile_moe",
@@ -440,7 +440,7 @@ def test_dropout_is_applied_where_the_authors_apply_it(monkeypatch):
 def test_an_evaluation_into_a_log_file_says_how_far_it_got(monkeypatch, capsys):
     """No progress bar in a log file (Slurm, nohup), but a line now and then: the final
     evaluation of the main job takes minutes."""
-    from tasks import lm
+    from sigma_moe.tasks import lm
 
     monkeypatch.setattr(lm, "EVAL_LINE_S", 0.0)
     monkeypatch.setattr(sys.stderr, "isatty", lambda: False)

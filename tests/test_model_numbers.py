@@ -13,7 +13,7 @@ from tests.test_model import V, make, toy_task
 
 def test_sinusoid_frequencies_are_transformer_xl():
     """1 / 10000^(2i/d) for i < d/2 (the attention tests call the same function)."""
-    from models.attention import sinusoid_encoding
+    from sigma_moe.models.attention import sinusoid_encoding
 
     d, pos = 8, 3.0
     angles = [pos / 10000 ** (2 * i / d) for i in range(d // 2)]
@@ -49,8 +49,8 @@ def test_metrics_are_exp_and_bits_of_the_ce():
 
 def test_tokens_per_step_is_the_global_batch():
     """batch_size is the global batch (each of world_size ranks takes its share)."""
-    from framework.data.base import TokenData
-    from tasks.lm import LMTask, LMTaskConfig
+    from sigma_moe.framework.data.base import TokenData
+    from sigma_moe.tasks.lm import LMTask, LMTaskConfig
 
     tokens = np.zeros(4 * 40, dtype=np.int64)
     data = TokenData("toy", {"train": tokens, "valid": tokens, "test": tokens}, V, "ppl")

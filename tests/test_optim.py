@@ -1,11 +1,11 @@
-"""The optimizer (framework/optim.py): the paper's Adam settings, no weight decay on MoE
+"""The optimizer (sigma_moe/framework/optim.py): the paper's Adam settings, no weight decay on MoE
 layers (docs/REFERENCE.md), and checkpoints of the one-group layout before that split."""
 import torch
 
-from framework.optim import build_optimizer, in_groups_of
-from models.ffn import FFNS
-from models.ffn.dense import DenseConfig
-from models.ffn.sigma_moe import SigmaMoEConfig
+from sigma_moe.framework.optim import build_optimizer, in_groups_of
+from sigma_moe.models.ffn import FFNS
+from sigma_moe.models.ffn.dense import DenseConfig
+from sigma_moe.models.ffn.sigma_moe import SigmaMoEConfig
 
 
 def dense_moe_norm() -> torch.nn.ModuleDict:

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from framework.code_version import code_fingerprint, code_version
-from framework.experiment import run_hashes
 from scripts import paper_tables, run_results, run_versions
+from sigma_moe.framework.code_version import code_fingerprint, code_version
+from sigma_moe.framework.experiment import run_hashes
 from tests.tables_helpers import cells, paper_grid, table_lines, write_exp
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -26,7 +26,7 @@ def exp_config(exp_dir: Path, name: str) -> dict:
 
 def fake_run(run_dir: Path, exp_dir: Path, seed: int, bpc: float, name: str = "tiny_dense",
              config_hash: str | None = "the experiment's", **more) -> dict:
-    """A finished run's results.json (as tasks/lm_run.py writes it), by default of the
+    """A finished run's results.json (as sigma_moe/tasks/lm_run.py writes it), by default of the
     experiment's config as exp_dir/<name>.yaml composes now."""
     if config_hash == "the experiment's":
         cfg = exp_config(exp_dir, name)
@@ -240,7 +240,7 @@ def test_c4_uses_validation_and_wandb_runs(tmp_path, monkeypatch):
         "config_hash": run_hashes(moe)[0], "valid": {"ppl": 23.0}, "test": {"ppl": 99.0}}))
     dense = exp_config(exps, "c4_small_dense")
     logged = {**whole_floats_as_ints(dense), "trainer": {**dense["trainer"], "seed": 0},
-              "run_dir": "/somewhere/runs/c4_small_dense"}  # as tasks/lm_run.py logs it
+              "run_dir": "/somewhere/runs/c4_small_dense"}  # as sigma_moe/tasks/lm_run.py logs it
 
     class FakeRun:
         id, state = "abc", "finished"

@@ -6,10 +6,10 @@ import errno
 
 import pytest
 
-from framework.data import enwik8
-from framework.data.enwik8 import Enwik8, Enwik8Config
-from framework.data.wt103 import Wt103
 from scripts import prepare_data
+from sigma_moe.framework.data import enwik8
+from sigma_moe.framework.data.enwik8 import Enwik8, Enwik8Config
+from sigma_moe.framework.data.wt103 import Wt103
 from tests.data_helpers import write_shards
 
 

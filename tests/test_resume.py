@@ -6,9 +6,9 @@ import json
 import pytest
 import torch
 
-from framework.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
-from framework.trainer import Trainer
-from tasks import TASKS
+from sigma_moe.framework.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
+from sigma_moe.framework.trainer import Trainer
+from sigma_moe.tasks import TASKS
 from tests.helpers import (
     TINY,
     TINY_MOE,
@@ -62,10 +62,10 @@ def test_a_signal_during_the_final_evaluation_says_so(tmp_path, monkeypatch, cap
     import os
     import signal
 
-    from tasks.lm import LMTask
+    from sigma_moe.tasks.lm import LMTask
 
     cfg = compose_cfg([*TINY, *TINY_MOE, "trainer.steps=2", "trainer.ckpt_every=2"])
-    from framework.loggers import RunLogger
+    from sigma_moe.framework.loggers import RunLogger
 
     got, raised, real_close = [], [], RunLogger.close
     previous = signal.signal(signal.SIGUSR1, (lambda *a: got.append("theirs")) if
@@ -108,8 +108,8 @@ def test_a_signal_during_a_periodic_validation_checkpoints_first(tmp_path, monke
     import os
     import signal
 
-    from framework.loggers import RunLogger
-    from tasks.lm import LMTask
+    from sigma_moe.framework.loggers import RunLogger
+    from sigma_moe.tasks.lm import LMTask
 
     cfg = compose_cfg([*TINY, *TINY_MOE, "trainer.steps=6", "trainer.val_every=2",
                        "trainer.ckpt_every=100", "trainer.log_every=1"])
@@ -153,7 +153,7 @@ def test_a_resume_in_another_precision_says_so_and_results_list_both(tmp_path, m
                                                                      capsys):
     """trainer.precision=auto is bf16 on a GPU and fp32 on a CPU: a run moved between them
     changes precision without changing its config."""
-    from framework import trainer as trainer_module
+    from sigma_moe.framework import trainer as trainer_module
 
     cfg = compose_cfg([*TINY, *TINY_MOE, "trainer.steps=4", "trainer.ckpt_every=2"])
     monkeypatch.setattr(trainer_module, "resolve_precision", lambda p, d: torch.bfloat16)

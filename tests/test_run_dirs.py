@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from framework.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
-from framework.config import ConfigError
-from framework.experiment import run_hashes
+from sigma_moe.framework.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
+from sigma_moe.framework.config import ConfigError
+from sigma_moe.framework.experiment import run_hashes
 from tests.helpers import compose_cfg, metrics
 from tests.test_faults import OVERRIDES, RUN
 
@@ -28,7 +28,7 @@ def test_a_directory_another_run_started_in_is_not_taken_over(tmp_path):
     its first checkpoint) is started over, its metrics.jsonl rows replaced, not appended."""
     from omegaconf import OmegaConf
 
-    from framework.run_dirs import choose_run_dir
+    from sigma_moe.framework.run_dirs import choose_run_dir
 
     cfg = compose_cfg([*OVERRIDES, "trainer.steps=2"])
     other = {**cfg, "trainer": {**cfg["trainer"], "lr": 0.5}}
@@ -62,8 +62,8 @@ def test_fresh_resumes_its_own_unfinished_run(tmp_path):
     the interrupt message says; a finished sibling or one of another config gets a new one."""
     from omegaconf import OmegaConf
 
-    from framework.experiment import config_hash, write_results
-    from framework.run_dirs import choose_run_dir
+    from sigma_moe.framework.experiment import config_hash, write_results
+    from sigma_moe.framework.run_dirs import choose_run_dir
 
     cfg = {**compose_cfg([*OVERRIDES, "trainer.steps=2"]), "fresh": True}
     run = tmp_path / "run"
@@ -88,8 +88,8 @@ def test_fresh_resumes_its_own_unfinished_run(tmp_path):
 def test_runs_hashed_by_an_earlier_version_are_still_this_run(tmp_path, earlier):
     """nan_policy, then grad_accum left the run identity later: runs started before keep
     their old hash and must still resume, and count as finished."""
-    from framework.experiment import EARLIER_VOLATILE_TRAINER, config_hash
-    from framework.run_dirs import choose_run_dir
+    from sigma_moe.framework.experiment import EARLIER_VOLATILE_TRAINER, config_hash
+    from sigma_moe.framework.run_dirs import choose_run_dir
 
     cfg = compose_cfg([*OVERRIDES, "trainer.steps=2"])
     RUN(cfg, tmp_path)
@@ -141,7 +141,7 @@ def test_checkpoints_of_another_config_are_not_resumed(tmp_path):
 def test_volatile_keys_leave_the_config_hash_alone():
     """Mutant: "paper" dropped from VOLATILE (correcting a paper number in an exp file would
     make every finished run of it stale)."""
-    from framework.experiment import config_hash
+    from sigma_moe.framework.experiment import config_hash
 
     cfg = {"model": {"d_model": 16}, "trainer": {"seed": 0, "lr": 1e-3}, "paper": {"a": 1}}
     for key, value in (("paper", {"a": 2}), ("logger", "wandb"), ("fresh", True),
@@ -153,7 +153,7 @@ def test_volatile_keys_leave_the_config_hash_alone():
 def test_fresh_dir_goes_above_the_highest_sibling(tmp_path):
     """Mutant `max(...)` -> `min(...)` in _newest_fresh_sibling: with -2 and -3 present,
     fresh=true would pick -3 again (a finished run's directory)."""
-    from framework.experiment import fresh_dir
+    from sigma_moe.framework.experiment import fresh_dir
 
     run = tmp_path / "exp" / "trainer.seed=0"
     for d in (run, run.with_name(run.name + "-3"), run.with_name(run.name + "-2")):
@@ -165,8 +165,8 @@ def test_a_directory_with_checkpoints_or_another_finished_run(tmp_path):
     """fresh=true starts anew beside a run that has checkpoints but no results yet; without
     it, a finished run of another config is refused (not trained over), and a results.json
     cut short is no finished run; mode=params and mode=eval use the directory as it is."""
-    from framework.experiment import write_results
-    from framework.run_dirs import choose_run_dir, prepare_run_dir
+    from sigma_moe.framework.experiment import write_results
+    from sigma_moe.framework.run_dirs import choose_run_dir, prepare_run_dir
 
     cfg = compose_cfg([*OVERRIDES, "trainer.steps=2"])
     run = tmp_path / "run"
@@ -192,7 +192,7 @@ def test_eval_with_evaluation_settings_finds_the_trained_run(tmp_path, monkeypat
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from omegaconf import OmegaConf
 
-    from framework import cli, run_dirs
+    from sigma_moe.framework import cli, run_dirs
 
     exclude = ["exp", "mode"]
     trained = ["+exp=mini_moe", "trainer.steps=30", "dataset.source=/d/x", "task.val_segments=1"]
@@ -244,7 +244,7 @@ def test_eval_settings_find_the_trained_run_in_a_sweep_too(tmp_path, monkeypatch
     from hydra.types import RunMode
     from omegaconf import OmegaConf
 
-    from framework import run_dirs
+    from sigma_moe.framework import run_dirs
 
     cfg = compose_cfg([*OVERRIDES, "trainer.steps=2"])
     trained = tmp_path / "sweeps" / "mini" / "mini_moe" / "trainer.seed=0"
@@ -268,8 +268,8 @@ def test_fresh_twice_after_a_finished_fresh_run_starts_a_third(tmp_path):
     take that finished run up again."""
     from omegaconf import OmegaConf
 
-    from framework.experiment import config_hash, write_results
-    from framework.run_dirs import choose_run_dir
+    from sigma_moe.framework.experiment import config_hash, write_results
+    from sigma_moe.framework.run_dirs import choose_run_dir
 
     cfg = {**compose_cfg([*OVERRIDES, "trainer.steps=2"]), "fresh": True}
     run = tmp_path / "run"
@@ -287,7 +287,7 @@ ROOT = Path(__file__).resolve().parent.parent
 HOLDER = """
 import sys
 from pathlib import Path
-from framework.run_dirs import hold_run_dir
+from sigma_moe.framework.run_dirs import hold_run_dir
 with hold_run_dir(Path(sys.argv[1])):
     print("held", flush=True)
     sys.stdin.read()
@@ -315,7 +315,7 @@ def test_a_directory_a_run_trains_in_now_is_not_trained_in_twice(tmp_path, capsy
 
     from omegaconf import OmegaConf
 
-    from framework.run_dirs import choose_run_dir, remove_if_empty
+    from sigma_moe.framework.run_dirs import choose_run_dir, remove_if_empty
 
     cfg = compose_cfg([*OVERRIDES, "trainer.steps=2"])
     run = tmp_path / "run"
@@ -354,7 +354,7 @@ def test_runs_are_not_locked_where_flock_is_not_supported(tmp_path, monkeypatch,
     one note however many directories it locks."""
     import errno
 
-    from framework import run_dirs
+    from sigma_moe.framework import run_dirs
 
     def unsupported(fd, op):
         raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
@@ -385,8 +385,8 @@ def test_each_job_of_a_sweep_in_one_process_releases_its_lock(tmp_path):
 def test_fresh_true_starts_that_meet_take_one_sibling_each(tmp_path, monkeypatch):
     """Two fresh=true starts at once: the one whose new sibling the other created meanwhile
     takes the next (not `error: File exists`)."""
-    from framework import run_dirs
-    from framework.experiment import config_hash, write_results
+    from sigma_moe.framework import run_dirs
+    from sigma_moe.framework.experiment import config_hash, write_results
 
     cfg = compose_cfg([*OVERRIDES, "trainer.steps=2"])
     run = tmp_path / "run"
@@ -409,7 +409,7 @@ def test_a_lock_file_this_user_cannot_write_still_locks(tmp_path, monkeypatch):
     """Another user's .lock (0644) in a shared directory: flock needs no write access."""
     from types import SimpleNamespace
 
-    from framework import run_dirs
+    from sigma_moe.framework import run_dirs
 
     def read_only(path, flags, *args):
         if flags & (os.O_RDWR | os.O_WRONLY):
@@ -430,7 +430,7 @@ def test_a_requeued_slurm_job_waits_for_its_lost_runs_lock(tmp_path, monkeypatch
     """After a node failure the network file system may hold the dead run's lock until the
     node's lease expires: a requeued job (SLURM_RESTART_COUNT > 0) waits for it, a new one
     does not."""
-    from framework import run_dirs
+    from sigma_moe.framework import run_dirs
 
     monkeypatch.setattr(run_dirs, "LOCK_POLL_S", 0.1)
     monkeypatch.setattr(run_dirs, "REQUEUE_WAIT_S", 0.5)
@@ -487,7 +487,7 @@ def test_a_second_start_of_a_training_run_is_refused(tmp_path):
 def test_a_results_file_that_does_not_parse_reads_as_unfinished(tmp_path, content):
     """Not JSON, or not UTF-8 (a UnicodeDecodeError, which the JSON error did not cover):
     no traceback from choosing the run directory."""
-    from framework.experiment import read_results
+    from sigma_moe.framework.experiment import read_results
 
     (tmp_path / "results.json").write_bytes(content)
     assert read_results(tmp_path) is None

@@ -252,7 +252,7 @@ def test_runs_behind_a_directory_link_are_found_once(exps, tmp_path, capsys):
 
 def test_an_overrides_record_that_is_not_utf8_falls_back_to_the_directory_name(exps, tmp_path):
     """A UnicodeDecodeError is a ValueError, not an OSError or YAMLError: a traceback."""
-    from framework.cli import OVERRIDES
+    from sigma_moe.framework.cli import OVERRIDES
 
     runs = tmp_path / "runs" / "tiny_moe"
     for seed in (0, 1):

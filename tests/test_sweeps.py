@@ -21,8 +21,8 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 from submitit.slurm.slurm import SlurmJobEnvironment
 
-from framework.config import ConfigError
 from scripts import make_sweeps
+from sigma_moe.framework.config import ConfigError
 from tests.helpers import compose_sweep, jobs
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -217,8 +217,8 @@ class FakeJob:
 def test_the_launchers_report_each_kind_of_failure(tmp_path, monkeypatch, capsys):
     from submitit.core.utils import UncompletedJobError
 
-    from framework import cli
     from hydra_plugins.sigma_moe_launchers import _Sweep
+    from sigma_moe.framework import cli
 
     monkeypatch.setattr(cli, "FAILED_JOBS", [])
 
@@ -277,8 +277,8 @@ def test_the_launchers_report_each_kind_of_failure(tmp_path, monkeypatch, capsys
 def test_a_sweep_reports_each_job_as_it_finishes(tmp_path, monkeypatch, capsys, terminal):
     """A failure is reported when it happens, not after the jobs submitted before it; the
     sweep's progress is a bar on a terminal, a `done i/N` line per finished job in a log."""
-    from framework import cli
     from hydra_plugins.sigma_moe_launchers import _Sweep
+    from sigma_moe.framework import cli
 
     monkeypatch.setattr(cli, "FAILED_JOBS", [])
     monkeypatch.setattr(sys.stderr, "isatty", lambda: terminal)
@@ -305,8 +305,8 @@ def test_a_sweep_reports_each_job_as_it_finishes(tmp_path, monkeypatch, capsys, 
 
 def test_a_sweep_counts_its_finished_jobs(tmp_path, monkeypatch, capsys):
     """In a log file, `done i/N`: i counts the jobs finished so far."""
-    from framework import cli
     from hydra_plugins.sigma_moe_launchers import _Sweep
+    from sigma_moe.framework import cli
 
     monkeypatch.setattr(cli, "FAILED_JOBS", [])
     monkeypatch.setattr(sys.stderr, "isatty", lambda: False)
@@ -345,8 +345,8 @@ def test_ctrl_c_while_waiting_for_slurm_jobs_is_one_line(monkeypatch, capsys, sr
 
 
 def test_a_submitit_job_logs_the_traceback_of_a_bug_and_exits_1(monkeypatch, capsys):
-    from framework import cli
     from hydra_plugins.sigma_moe_launchers import said
+    from sigma_moe.framework import cli
 
     for in_process in (False, True):
         monkeypatch.setattr(cli, "_sweep_job", lambda p=in_process: ("+exp=e8_moe", p))
@@ -362,7 +362,7 @@ def test_a_submitit_job_logs_the_traceback_of_a_bug_and_exits_1(monkeypatch, cap
 
 
 def test_unknown_sweep_or_slurm_without_slurm_is_one_line(monkeypatch, capsys):
-    from framework import cli
+    from sigma_moe.framework import cli
 
     with pytest.raises(ConfigError, match=r"unknown sweep 'mni'. Did you mean mini\?"):
         cli.check_sweep("mni")

@@ -9,9 +9,9 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from framework.config import ConfigError
-from framework.trainer import Trainer
-from tasks import TASKS
+from sigma_moe.framework.config import ConfigError
+from sigma_moe.framework.trainer import Trainer
+from sigma_moe.tasks import TASKS
 from tests.helpers import (
     CONFIGS,
     TINY,
@@ -42,7 +42,7 @@ def test_loss_decreases_on_enwik_mini(tmp_path):
 
 
 def test_eval_mode_reevaluates_the_last_checkpoint(tmp_path):
-    from framework.run_dirs import choose_run_dir
+    from sigma_moe.framework.run_dirs import choose_run_dir
 
     cfg = compose_cfg([*TINY, *TINY_MOE, "trainer.steps=3", "trainer.ckpt_every=3"])
     trained = RUN(cfg, tmp_path)
@@ -83,7 +83,7 @@ def test_wandb_offline_logs_into_the_run_dir(tmp_path, monkeypatch):
 
 
 def test_wandb_online_without_a_login_is_one_line(tmp_path, monkeypatch):
-    from framework.loggers import LoggerConfig, RunLogger
+    from sigma_moe.framework.loggers import LoggerConfig, RunLogger
 
     for key in ("WANDB_API_KEY", "WANDB_MODE"):
         monkeypatch.delenv(key, raising=False)
@@ -98,7 +98,7 @@ def test_wandb_online_without_a_login_is_one_line(tmp_path, monkeypatch):
 
 
 def test_step_metrics_reach_the_host_in_one_transfer(monkeypatch):
-    from framework.trainer import to_host
+    from sigma_moe.framework.trainer import to_host
 
     calls = []
     real = torch.Tensor.tolist
@@ -119,14 +119,14 @@ def test_a_training_step_waits_for_the_device_once(tmp_path, monkeypatch):
     norm together): each read waits for the GPU."""
     import sys
 
-    import framework.trainer
+    from sigma_moe.framework import trainer
 
     reads = []
     for name in ("tolist", "item", "__float__"):
         real = getattr(torch.Tensor, name)
 
         def read(t, *a, _real=real, _name=name):
-            if sys._getframe(1).f_code.co_filename == framework.trainer.__file__:
+            if sys._getframe(1).f_code.co_filename == trainer.__file__:
                 reads.append(_name)
             return _real(t, *a)
         monkeypatch.setattr(torch.Tensor, name, read)
@@ -149,7 +149,7 @@ def test_lr_schedule_warmup_then_cosine_over_the_whole_run():
     """The authors' schedule: a cosine of period `total` started after the warmup (their
     CosineAnnealingLR(T_max=stop_after) stepped at iter - lr_warmup), so with warmup it
     stops short of 0; without, it reaches 0 at the last step."""
-    from framework.optim import lr_factor
+    from sigma_moe.framework.optim import lr_factor
 
     assert [lr_factor(s, 10, 4, "cosine") for s in range(4)] == [0.25, 0.5, 0.75, 1.0]
     assert lr_factor(4, 10, 4, "cosine") == 1.0  # cosine starts after the warmup
@@ -166,7 +166,7 @@ def test_trainer_defaults_are_the_papers():
     """docs/REFERENCE.md "Training": Adam betas (0.9, 0.999), eps 1e-8, no weight decay, lr
     2.5e-4 over 100k steps, clip 0.25, validation every 2000 steps, a checkpoint every 10k;
     the yaml and the dataclass agree (runs read the yaml, direct users the dataclass)."""
-    from framework.trainer_config import TrainerConfig
+    from sigma_moe.framework.trainer_config import TrainerConfig
 
     want = {"steps": 100_000, "lr": 2.5e-4, "betas": [0.9, 0.999], "eps": 1e-8,
             "weight_decay": 0.0, "schedule": "cosine", "grad_clip": 0.25, "val_every": 2000,
@@ -182,7 +182,7 @@ def test_logged_lr_follows_the_schedule_and_gradients_are_clipped(tmp_path, monk
     """Every parameter group (weight decay makes two) follows warmup and cosine, and the
     optimizer gets gradients clipped to exactly grad_clip in L2 norm (an L1 clip is
     smaller, also below the limit)."""
-    from framework.optim import lr_factor
+    from sigma_moe.framework.optim import lr_factor
 
     seen, group_lrs = [], []
     real_step = torch.optim.AdamW.step
@@ -212,7 +212,7 @@ def test_logged_lr_follows_the_schedule_and_gradients_are_clipped(tmp_path, monk
 def test_final_evaluation_keeps_eval_mem_segments_of_memory(tmp_path, monkeypatch):
     """The paper's valid/test numbers use 4 segments of memory, training 1: the final
     evaluation must pass the eval setting, not the training one."""
-    from tasks.lm import LMTask
+    from sigma_moe.tasks.lm import LMTask
 
     calls, real_evaluate = [], LMTask.evaluate
 
@@ -236,7 +236,7 @@ def test_final_evaluation_keeps_eval_mem_segments_of_memory(tmp_path, monkeypatc
 
 def test_a_device_this_machine_lacks_is_a_config_error(name, said, monkeypatch):
     """Before: a traceback from the first `.to(device)`, after config.yaml was written."""
-    from framework.runtime import resolve_device
+    from sigma_moe.framework.runtime import resolve_device
 
     monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
     with pytest.raises(ConfigError) as e:
@@ -299,7 +299,7 @@ def test_wandb_resumes_the_same_run_and_gets_metrics_by_step(tmp_path, monkeypat
     the step logged as a metric too (wandb charted "step" against itself)."""
     import sys
 
-    from framework.loggers import LoggerConfig, RunLogger
+    from sigma_moe.framework.loggers import LoggerConfig, RunLogger
 
     runs = []
     fake = type(sys)("wandb")
@@ -318,7 +318,7 @@ def test_wandb_resumes_the_same_run_and_gets_metrics_by_step(tmp_path, monkeypat
 def test_metrics_file_truncates_to_a_checkpoints_size_even_zero(tmp_path):
     """Mutant `size is not None` -> `size` (truthy): a checkpoint written before the first
     row (metrics_bytes 0) kept the rows a resume then logs again."""
-    from framework.loggers import LoggerConfig, RunLogger
+    from sigma_moe.framework.loggers import LoggerConfig, RunLogger
 
     logger = RunLogger(LoggerConfig(), tmp_path, {}, "r")
     assert logger.size() == 0
@@ -330,7 +330,7 @@ def test_metrics_file_truncates_to_a_checkpoints_size_even_zero(tmp_path):
 def test_metrics_file_is_strict_json_with_nan_and_inf(tmp_path):
     """Mutant: non-finite values written as bare NaN / Infinity (not JSON: jq and other
     readers of metrics.jsonl refuse the line)."""
-    from framework.loggers import LoggerConfig, RunLogger
+    from sigma_moe.framework.loggers import LoggerConfig, RunLogger
 
     logger = RunLogger(LoggerConfig(), tmp_path, {}, "r")
     logger.log({"train/loss": float("nan"), "train/grad_norm": torch.tensor(float("inf"))}, 1)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import kernels
+from sigma_moe import kernels
 
 CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"
@@ -28,7 +28,7 @@ def outside_interpreter(*args: str) -> str:
     """stdout of `python *args` in a process without TRITON_INTERPRET (real Triton)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     out = subprocess.run([sys.executable, *args], env=env, text=True, capture_output=True,
-                         cwd=Path(kernels.__file__).parents[1])
+                         cwd=Path(kernels.__file__).parents[2])
     assert out.returncode == 0, out.stderr[-3000:]
     return out.stdout
 
@@ -49,10 +49,11 @@ driver.set_active(StandIn())
 
 
 def need_hopper_toolchain() -> None:
-    """Skip without ptxas or with a Triton older than kernels/triton_aot.py's compile API."""
+    """Skip without ptxas or with a Triton older than the compile API of
+    sigma_moe/kernels/triton_aot.py."""
     import triton
 
-    from kernels.triton_aot import aot_problem
+    from sigma_moe.kernels.triton_aot import aot_problem
 
     backend = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
     if importlib.util.find_spec("triton.backends.nvidia") is None or not backend.exists():

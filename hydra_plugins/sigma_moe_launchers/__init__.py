@@ -75,8 +75,8 @@ class _Settled:
         from submitit.core.utils import UncompletedJobError
         from tqdm import tqdm
 
-        from framework.cli import report_failed_job
-        from framework.config import first_line
+        from sigma_moe.framework.cli import report_failed_job
+        from sigma_moe.framework.config import first_line
 
         path, log = log_tail(self.job)
         line = said(log)
