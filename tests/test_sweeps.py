@@ -23,7 +23,7 @@ from submitit.slurm.slurm import SlurmJobEnvironment
 
 from scripts import make_sweeps
 from sigma_moe.framework.config import ConfigError
-from tests.helpers import compose_sweep, jobs
+from tests.helpers import TINY, TINY_MOE, compose_sweep, jobs
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = ROOT / "configs"
@@ -185,6 +185,31 @@ def test_a_failing_job_is_one_line_under_the_local_launcher(tmp_path):
     assert Path(tmp_path / failed[1]).read_text().strip() == error.split(" [job")[0]
     assert summary == ("error: 1 job(s) of the sweep failed (see above): +exp=mini_moe "
                        "ffn.n_experts=2 mode=params")
+
+
+def test_a_relaunched_sweep_launches_only_its_unfinished_runs(tmp_path):
+    """Finished runs are not submitted again (each would take an allocation only to say
+    it finished); fresh=true and new runs are."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    tiny = ["+exp=mini_moe", *TINY, *TINY_MOE, "trainer.steps=2", "trainer.val_every=2",
+            "task.val_segments=1", "task.final_segments=1", "hydra/launcher=local"]
+
+    def sweep(*overrides):
+        out = subprocess.run([sys.executable, str(ROOT / "run.py"), "-m", *tiny, *overrides],
+                             cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
+        assert out.returncode == 0, out.stderr[-2000:]
+        return out.stderr
+
+    assert "already finished" not in sweep("trainer.seed=0,1")
+    results = sorted((tmp_path / "runs" / "sweeps").rglob("results.json"))
+    assert len(results) == 2
+    err = sweep("trainer.seed=0,1,2")
+    assert "2 of 3 runs already finished: not launched (fresh=true reruns them)" in err
+    assert "launched 1 local jobs" in err and "done 1/1: " in err and "trainer.seed=2" in err
+    assert len(list((tmp_path / "runs" / "sweeps").rglob("results.json"))) == 3
+    err = sweep("trainer.seed=0", "fresh=true")
+    assert "already finished" not in err and "launched 1 local jobs" in err
+    assert len(list((tmp_path / "runs" / "sweeps").rglob("results.json"))) == 4
 
 
 class FakeJob:

@@ -8,7 +8,8 @@ the exit code to run.py (`framework.cli.exit_if_jobs_failed`), as a sweep under 
 launcher does. A job that fails ends its log with such a line (framework.cli's
 handle_errors). While they wait they show the sweep's progress: a bar on a terminal, a
 `done i/N: <overrides>` line per finished job in a log file. A Ctrl-C stops the local jobs
-with a checkpoint (local_controller.py says how).
+with a checkpoint (local_controller.py says how). A relaunched sweep submits only the runs
+that have not finished (`finished_run`).
 
 Hydra instantiates launchers from the `hydra_plugins` namespace package only, hence this
 package; it registers their configs as `slurm_base` and `local_base`, which
@@ -146,10 +147,57 @@ class _Sweep:
             self.bar.close()
 
 
+def finished_run(hydra_context: Any, sweep_config: Any, overrides: Sequence[str]) -> bool:
+    """Whether the run these overrides train already finished with this config: the job
+    would only say so (run.py), after its allocation and start. Read here, as the job would
+    read it: its run directory (Hydra's sweep.dir/sweep.subdir) and config hash. A fresh=true
+    or mode=eval job, or one whose config does not compose here, is left to the job."""
+    import copy
+
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import OmegaConf, open_dict, read_write
+
+    from sigma_moe.framework.experiment import read_results, run_hashes
+
+    hydra_config = HydraConfig.instance()
+    launcher_cfg = hydra_config.cfg
+    try:
+        cfg = hydra_context.config_loader.load_sweep_config(sweep_config, list(overrides))
+        hydra_config.set_config(cfg)  # the sweep subdir and ${hydra:...} resolve from it
+        run_dir = Path(str(cfg.hydra.sweep.dir)) / str(cfg.hydra.sweep.subdir)
+        task_cfg = copy.deepcopy(cfg)  # as run_job hands it to run.py's main
+        with read_write(task_cfg), open_dict(task_cfg):
+            del task_cfg["hydra"]
+        plain = OmegaConf.to_container(task_cfg, resolve=True)
+    except Exception:  # the job reports it in its one line
+        return False
+    finally:
+        hydra_config.cfg = launcher_cfg
+    if plain.get("mode", "train") != "train" or plain.get("fresh"):
+        return False
+    done = read_results(run_dir)
+    return done is not None and done.get("config_hash") in run_hashes(plain)
+
+
 class _ReportEachJob(plugin.BaseSubmititLauncher):
     POLL_S = 1.0  # between looks at the jobs that are still running
 
     def launch(self, job_overrides: Sequence[Sequence[str]],
+               initial_job_idx: int) -> Sequence[JobReturn]:
+        """The jobs whose runs have not finished: a relaunched sweep (after a failure or a
+        Ctrl-C) submits only those, not an allocation for each finished run to find so."""
+        from tqdm import tqdm
+
+        # ~0.1 s a job (Hydra composes its config): a bar for a large sweep on a terminal
+        pending = [o for o in tqdm(job_overrides, desc="finished runs", unit="run",
+                                   leave=False, disable=not sys.stderr.isatty())
+                   if not finished_run(self.hydra_context, self.config, o)]
+        if len(pending) < len(job_overrides):
+            print(f"{len(job_overrides) - len(pending)} of {len(job_overrides)} runs already "
+                  f"finished: not launched (fresh=true reruns them)", file=sys.stderr)
+        return self._start(pending, initial_job_idx) if pending else []
+
+    def _start(self, job_overrides: Sequence[Sequence[str]],
                initial_job_idx: int) -> Sequence[JobReturn]:
         return self._launch(job_overrides, initial_job_idx, stop_jobs=lambda: None)
 
@@ -286,7 +334,7 @@ class _ControllerStarter:
 
 
 class LocalLauncher(_ReportEachJob, plugin.LocalLauncher):
-    def launch(self, job_overrides: Sequence[Sequence[str]],
+    def _start(self, job_overrides: Sequence[Sequence[str]],
                initial_job_idx: int) -> Sequence[JobReturn]:
         from unittest import mock
 
