@@ -6,6 +6,7 @@ x seeds 0, 1, 2, and is what scripts/make_sweeps.py writes. The Slurm settings r
 sbatch script, and the signal submitit sends before the time limit is one the trainer
 checkpoints on. Real multiruns go through the local launcher end to end, one with a failing job.
 """
+import json
 import os
 import re
 import subprocess
@@ -23,7 +24,7 @@ from submitit.slurm.slurm import SlurmJobEnvironment
 
 from scripts import make_sweeps
 from sigma_moe.framework.config import ConfigError
-from tests.helpers import TINY, TINY_MOE, compose_sweep, jobs
+from tests.helpers import TINY, TINY_MOE, compose_cfg, compose_sweep, jobs
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = ROOT / "configs"
@@ -110,6 +111,41 @@ def test_slurm_settings_reach_sbatch(tmp_path, monkeypatch, srun_here):
                  f"--mem={launcher_cfg.mem_gb}GB"):
         assert f"#SBATCH {flag}" in sbatch
     assert (tmp_path / "runs" / "sweeps" / "moe").is_dir()
+
+
+def test_the_slurm_launcher_submits_only_the_unfinished_runs(tmp_path, monkeypatch, capsys,
+                                                           srun_here):
+    """A finished run where docs/cluster.md says a sweep writes it, with the config hash
+    run.py gives it: not submitted again (it would take an allocation only to say so)."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.types import HydraContext
+
+    from sigma_moe.framework.experiment import config_hash
+
+    run_dir = tmp_path / "runs" / "sweeps" / "moe" / "e8_moe" / "trainer.seed=0"
+    run_dir.mkdir(parents=True)
+    finished = compose_cfg(["+sweep=moe", "trainer.seed=0"], exp="e8_moe")
+    (run_dir / "results.json").write_text(json.dumps({"config_hash": config_hash(finished)}))
+    submitted = []
+    monkeypatch.setattr(submitit.AutoExecutor, "map_array",
+                        lambda executor, fn, *args: submitted.extend(args[0]) or [])
+    # as BasicSweeper hands them over: the command line's overrides are every job's
+    jobs = [["+sweep=moe", "+exp=e8_moe", f"trainer.seed={seed}"] for seed in (0, 1)]
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base=None):
+        cfg = compose("config", overrides=["+sweep=moe"], return_hydra_config=True)
+        launcher = instantiate(cfg.hydra.launcher)
+        context = HydraContext(config_loader=GlobalHydra.instance().config_loader(),
+                               callbacks=None)
+        launcher.setup(hydra_context=context, task_function=None, config=cfg)
+        assert launcher.launch(jobs, initial_job_idx=0) == []
+        assert submitted == [jobs[1]]
+        assert "1 of 2 runs already finished: not launched" in capsys.readouterr().err
+        # another config in that directory: the job is submitted (and says so itself)
+        (run_dir / "results.json").write_text(json.dumps({"config_hash": "0" * 12}))
+        submitted.clear()
+        launcher.launch(jobs, initial_job_idx=0)
+        assert submitted == jobs
 
 
 def test_multirun_through_the_local_launcher(tmp_path):
