@@ -111,7 +111,8 @@ def runnable_backend(model_cfg, dev):
 
 
 def resolve_device(name: str):
-    """--device, checked before anything is loaded (framework.trainer says trainer.device)."""
+    """--device, checked before anything is loaded (as sigma_moe.framework.trainer checks
+    trainer.device)."""
     from sigma_moe.framework.config import ConfigError
     from sigma_moe.framework.runtime import resolve_device as resolve
 

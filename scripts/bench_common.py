@@ -183,7 +183,7 @@ def triton_device(script: str) -> tuple[str, str]:
     if TRITON_INTERPRET:
         return "cpu", "cpu (Triton interpreter)"
     raise SystemExit(f"error: {script} times Triton kernels: it needs a CUDA device (or "
-                     "TRITON_INTERPRET=1 and small --tokens, for a smoke test)")
+                     "TRITON_INTERPRET=1 and small shapes, for a smoke test)")
 
 
 def check_device(parser, device: str) -> None:

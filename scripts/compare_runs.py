@@ -51,7 +51,7 @@ class Row:
 
 
 def config_without_seed(run_dir: Path) -> str:
-    """framework.experiment.config_hash of the run's config.yaml with the seed unset; ''
+    """sigma_moe.framework.experiment.config_hash of the run's config.yaml with the seed unset; ''
     when it cannot be read (not UTF-8: a UnicodeDecodeError is a ValueError)."""
     from sigma_moe.framework.experiment import config_hash
 

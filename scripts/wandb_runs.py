@@ -103,3 +103,8 @@ def _wandb_api_runs(project: str) -> list[Any]:
         return list(wandb.Api().runs(project))
     except wandb.errors.Error as e:
         sys.exit(f"error: --wandb {project}: {first_line(e)}")
+
+
+if __name__ == "__main__":  # a library without a CLI: say which script reads wandb runs
+    sys.exit("error: scripts/wandb_runs.py is a library; read wandb runs with "
+             "`python scripts/paper_tables.py --wandb ENTITY/PROJECT`")

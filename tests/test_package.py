@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-# what the GPU machine lacks (docs/DESIGN.md "kernels/ and scripts/bench_*.py")
+# what the GPU machine lacks (docs/DESIGN.md: "`sigma_moe/kernels/` and `scripts/bench_*.py`")
 ABSENT_ON_GPU_MACHINE = ("hydra", "omegaconf", "wandb", "datasets", "sentencepiece")
 
 

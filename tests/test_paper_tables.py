@@ -357,6 +357,7 @@ def test_flags_that_would_be_ignored_are_refused(argv, error, tmp_path, capsys):
     ("run_versions", "scripts/paper_tables.py` and `python scripts/mini_claims.py"),
     ("bench_common", "scripts/bench_moe.py` or `python scripts/bench_train.py"),
     ("bench_roofline", "scripts/bench_moe.py"),
+    ("wandb_runs", "scripts/paper_tables.py --wandb"),
 ])
 def test_running_a_library_module_names_the_script_to_use(library, use, monkeypatch):
     monkeypatch.setattr(sys, "argv", [f"{library}.py", "--help"])

@@ -4,12 +4,12 @@ The plugin waits for the jobs in submission order and re-raises the first failur
 submitit's exception: about 26 lines of traceback with the job's own one-line error at the
 end, and the later jobs' outcomes never read. These launchers wait for every job, print one
 `error: ... [job <overrides>; log <its log file>]` line per failed job as it fails, and leave
-the exit code to run.py (`framework.cli.exit_if_jobs_failed`), as a sweep under the basic
-launcher does. A job that fails ends its log with such a line (framework.cli's
-handle_errors). While they wait they show the sweep's progress: a bar on a terminal, a
-`done i/N: <overrides>` line per finished job in a log file. A Ctrl-C stops the local jobs
-with a checkpoint (local_controller.py says how). A relaunched sweep submits only the runs
-that have not finished (`finished_run`).
+the exit code to run.py (`sigma_moe.framework.cli.exit_if_jobs_failed`), as a sweep under
+the basic launcher does. A job that fails ends its log with such a line
+(sigma_moe.framework.cli's handle_errors). While they wait they show the sweep's progress: a
+bar on a terminal, a `done i/N: <overrides>` line per finished job in a log file. A Ctrl-C
+stops the local jobs with a checkpoint (local_controller.py says how). A relaunched sweep
+submits only the runs that have not finished (`finished_run`).
 
 Hydra instantiates launchers from the `hydra_plugins` namespace package only, hence this
 package; it registers their configs as `slurm_base` and `local_base`, which

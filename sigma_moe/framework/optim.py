@@ -14,8 +14,8 @@ import torch
 def lr_factor(step: int, total: int, warmup: int, schedule: str) -> float:
     """Multiplier of the base lr at optimizer step `step` (0-based).
 
-    As the authors' code (sigma_moe/tasks/task.py: CosineAnnealingLR(T_max=stop_after) stepped at
-    max(0, iter - lr_warmup), under a linear warmup): the cosine's period is the whole run
+    As the authors' code (their tasks/task.py: CosineAnnealingLR(T_max=stop_after) stepped
+    at max(0, iter - lr_warmup), under a linear warmup): the cosine's period is the whole run
     (docs/REFERENCE.md: "to 0 over 100k steps"), started after the warmup, so a run with
     warmup ends short of 0 (4000 of 100k: at 0.4% of the lr)."""
     if warmup > 0 and step < warmup:
