@@ -15,6 +15,7 @@ from typing import Any
 import yaml
 
 UNREADABLE = "unreadable results.json"  # ... for a file with no usable name, metric or seed
+NOT_JSON = "not JSON"  # ... of those, one that run.py too reads as unfinished
 
 
 def run_roots(given: list[Path] | None, default: Path) -> list[Path]:
@@ -109,7 +110,7 @@ def read_result(path: Path) -> dict[str, Any] | str:
     try:
         res = json.loads(path.read_text())
     except (OSError, ValueError) as e:
-        return f"not JSON ({type(e).__name__})"
+        return f"{NOT_JSON} ({type(e).__name__})"
     return _unreadable(res) or res
 
 

@@ -45,6 +45,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # `python scripts/run_results.py` says which script to run
 from scripts.run_files import (  # noqa: E402
+    NOT_JSON,
     UNREADABLE,
     as_seed,
     read_result,
@@ -426,11 +427,15 @@ def fresh_in_sweep(sweep: str, skipped: Iterable[Skipped]) -> set[tuple[str, int
     trainer.seed=<seed>, where relaunching it trains) holds a results.json that run.py does
     not train over without fresh=true: a finished run of another config (it asks for
     fresh=true), or an unreadable file (one whose config_hash matches is "already finished",
-    whatever else it lacks: without fresh=true the suggested command did nothing)."""
+    whatever else it lacks: without fresh=true the suggested command did nothing). Not a file
+    that is not JSON: run.py reads it as unfinished and resumes from the run's checkpoints
+    (fresh=true would retrain beside them)."""
     out = set()
     for s in skipped:
         path = s.run_dir.resolve()  # `--runs .` inside the sweep's directory
         if s.name is None:  # an unreadable file: no name but its directory's
+            if s.why.startswith(f"{UNREADABLE} ({NOT_JSON}"):  # run.py resumes over it
+                continue
             name = path.parent.name
         elif s.why.startswith(STALE):
             name = s.name

@@ -308,6 +308,19 @@ def test_an_unreadable_results_file_is_listed_under_its_table_and_relaunched_fre
     assert capsys.readouterr().err.count("warning: ") == 3  # on stderr as before
 
 
+def test_a_results_file_that_is_not_json_is_relaunched_without_fresh(exps, tmp_path):
+    """run.py reads it as unfinished and resumes from the run's checkpoints (re-evaluating):
+    fresh=true would retrain beside them from step 0."""
+    sweep = tmp_path / "runs" / "sweeps" / "moe" / "tiny_moe"
+    fake_run(sweep / "trainer.seed=0", exps, 0, 3.0, name="tiny_moe")
+    fake_run(sweep / "trainer.seed=1", exps, 1, 3.1, name="tiny_moe")
+    (sweep / "trainer.seed=1" / "results.json").write_bytes(b"\xff{")  # not UTF-8 either
+    text = paper_tables.main(["--exp-dir", str(exps), "--runs", str(tmp_path / "runs"),
+                              "--table", "moe"])
+    assert text.split(paper_tables.MISSING + "\n")[1].split("\n\n")[0].splitlines() == [
+        "- `python run.py -m +sweep=moe +exp=tiny_moe trainer.seed=1,2`"]
+
+
 def test_a_run_that_records_no_seed_says_so(exps, tmp_path, capsys):
     """Judged as seed None, it read as "config differs (stale)": the reason was not that."""
     run = tmp_path / "runs" / "tiny_moe" / "trainer.seed=0"
