@@ -141,6 +141,10 @@ def test_the_slurm_launcher_submits_only_the_unfinished_runs(tmp_path, monkeypat
         assert launcher.launch(jobs, initial_job_idx=0) == []
         assert submitted == [jobs[1]]
         assert "1 of 2 runs already finished: not launched" in capsys.readouterr().err
+        for extra in ("fresh=true", "mode=eval"):  # a new run beside it; its evaluation
+            submitted.clear()
+            launcher.launch([[*job, extra] for job in jobs], initial_job_idx=0)
+            assert submitted == [[*job, extra] for job in jobs]
         # another config in that directory: the job is submitted (and says so itself)
         (run_dir / "results.json").write_text(json.dumps({"config_hash": "0" * 12}))
         submitted.clear()
@@ -224,8 +228,8 @@ def test_a_failing_job_is_one_line_under_the_local_launcher(tmp_path):
 
 
 def test_a_relaunched_sweep_launches_only_its_unfinished_runs(tmp_path):
-    """Finished runs are not submitted again (each would take an allocation only to say
-    it finished); fresh=true and new runs are."""
+    """Finished runs are not started again, new ones are (fresh=true and mode=eval: the
+    Slurm test below)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     tiny = ["+exp=mini_moe", *TINY, *TINY_MOE, "trainer.steps=2", "trainer.val_every=2",
             "task.val_segments=1", "task.final_segments=1", "hydra/launcher=local"]
@@ -236,16 +240,12 @@ def test_a_relaunched_sweep_launches_only_its_unfinished_runs(tmp_path):
         assert out.returncode == 0, out.stderr[-2000:]
         return out.stderr
 
-    assert "already finished" not in sweep("trainer.seed=0,1")
-    results = sorted((tmp_path / "runs" / "sweeps").rglob("results.json"))
-    assert len(results) == 2
-    err = sweep("trainer.seed=0,1,2")
-    assert "2 of 3 runs already finished: not launched (fresh=true reruns them)" in err
-    assert "launched 1 local jobs" in err and "done 1/1: " in err and "trainer.seed=2" in err
-    assert len(list((tmp_path / "runs" / "sweeps").rglob("results.json"))) == 3
-    err = sweep("trainer.seed=0", "fresh=true")
-    assert "already finished" not in err and "launched 1 local jobs" in err
-    assert len(list((tmp_path / "runs" / "sweeps").rglob("results.json"))) == 4
+    assert "already finished" not in sweep("trainer.seed=0")
+    assert len(list((tmp_path / "runs" / "sweeps").rglob("results.json"))) == 1
+    err = sweep("trainer.seed=0,1")
+    assert "1 of 2 runs already finished: not launched (fresh=true reruns them)" in err
+    assert "launched 1 local jobs" in err and "done 1/1: " in err and "trainer.seed=1" in err
+    assert len(list((tmp_path / "runs" / "sweeps").rglob("results.json"))) == 2
 
 
 class FakeJob:
