@@ -157,7 +157,7 @@ def finished_run(hydra_context: Any, sweep_config: Any, overrides: Sequence[str]
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import OmegaConf, open_dict, read_write
 
-    from sigma_moe.framework.experiment import read_results, run_hashes
+    from sigma_moe.framework.experiment import finished_as, read_results
 
     hydra_config = HydraConfig.instance()
     launcher_cfg = hydra_config.cfg
@@ -175,8 +175,7 @@ def finished_run(hydra_context: Any, sweep_config: Any, overrides: Sequence[str]
         hydra_config.cfg = launcher_cfg
     if plain.get("mode", "train") != "train" or plain.get("fresh"):
         return False
-    done = read_results(run_dir)
-    return done is not None and done.get("config_hash") in run_hashes(plain)
+    return finished_as(read_results(run_dir), plain)
 
 
 class _ReportEachJob(plugin.BaseSubmititLauncher):

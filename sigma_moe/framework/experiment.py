@@ -133,6 +133,12 @@ def read_results(run_dir: Path) -> dict[str, Any] | None:
         return None
 
 
+def finished_as(done: dict[str, Any] | None, cfg: dict[str, Any]) -> bool:
+    """Whether `done` (read_results) is a finished run of `cfg`: its config hash, today's or
+    an earlier version's (run.py then says "already finished"; the sweep launchers skip it)."""
+    return done is not None and done.get("config_hash") in run_hashes(cfg)
+
+
 def trained_as(run_dir: Path, cfg: dict[str, Any]) -> bool:
     """Whether run_dir holds checkpoints of a run that trained `cfg` (its config.yaml), up to
     the evaluation settings (EVAL_SETTINGS) and the keys that never name a run."""

@@ -33,9 +33,9 @@ from sigma_moe.framework.config import ConfigError
 from sigma_moe.framework.distributed import main_process
 from sigma_moe.framework.experiment import (
     EVAL_SETTINGS,
+    finished_as,
     fresh_dir,
     read_results,
-    run_hashes,
     start_blocker,
     trained_as,
     under,
@@ -322,10 +322,10 @@ def _choose_run_dir(cfg: dict[str, Any], run_dir: Path, held: ExitStack) -> Path
         if cfg.get("fresh") and (started or blocker or in_use):
             mine.close()  # the new run goes beside it: run_dir stays free to resume
             return _fresh_run_dir(cfg, run_dir, held)
+        if finished_as(done, cfg):
+            _say_finished(done, run_dir)
+            return None
         if done is not None:
-            if done.get("config_hash") in run_hashes(cfg):
-                _say_finished(done, run_dir)
-                return None
             blocker = f"{run_dir} holds a finished run with another config"
         if blocker:
             raise ConfigError(f"{blocker}; pass fresh=true (a new sibling directory) or "
