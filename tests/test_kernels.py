@@ -18,6 +18,8 @@ from sigma_moe import kernels
 from sigma_moe.kernels import moe_mlp
 from sigma_moe.kernels.routing import make_routing, routing_reference
 from sigma_moe.kernels.testing import (
+    FROZEN,
+    GRAD_NAMES,
     NO_GROUPED_MM,
     assert_close,
     compare,
@@ -132,6 +134,21 @@ def test_unused_experts_get_zero_weight_grad():
     assert dw1[:3].abs().min(-1).values.max() > 0
 
 
+@pytest.mark.parametrize("frozen", FROZEN)
+def test_torch_path_computes_only_the_gradients_needed(frozen, monkeypatch):
+    """The other gradients bit for bit as when all are needed, and the products of the
+    ones not needed skipped: an expert's backward is 4 products, dW2, d(gate*h), dW1, dx."""
+    monkeypatch.setattr(kernels.torch_path, "_workers", lambda: 1)  # ops in this thread
+    case = random_case(T=37, D=16, E=5, G=8, K=3, n_unused=1)
+    _, want = run_case(case, "torch")
+    with torch.profiler.profile() as prof:
+        _, grads = run_case(case, "torch", frozen=frozen)
+    for name, g, g_all in zip(GRAD_NAMES, grads, want):
+        assert g is None if name in frozen else torch.equal(g, g_all), name
+    products = sum(e.count for e in prof.key_averages() if e.key == "aten::mm")
+    assert products == 4 * (2 + 4 - len(frozen))  # 4 experts with rows, 2 forward products
+
+
 @pytest.mark.parametrize("backend", ["reference", "torch"])
 def test_an_empty_batch_keeps_the_graph(backend):
     """T = 0 (an empty shard): an empty output that backpropagates zero weight gradients, from
@@ -160,7 +177,7 @@ def test_torch_path_more_chunks_than_threads(monkeypatch):
     runs = []
     for _ in range(3):
         y, h = torch_fwd(*args, *idx, 0.0, False)
-        runs.append((y, *torch_bwd(case["gy_TD"], *args, *idx, h, 1.0)))
+        runs.append((y, *torch_bwd(case["gy_TD"], *args, *idx, h, 1.0, True, True, True)))
     for run in runs[1:]:
         assert all(torch.equal(a, b) for a, b in zip(runs[0], run))
     y, *grads = runs[0]
@@ -254,7 +271,7 @@ def test_torch_path_workers_add_into_their_own_rows_only(monkeypatch):
     args = [case[k].detach() for k in ("x_TD", "gate_TK", "w1_EDG", "w2_EGD")]
     idx = (routing.tok_R, routing.order_R, routing.off_S)
     y, h = torch_fwd(*args, *idx, 0.0, False)
-    grads = torch_bwd(case["gy_TD"], *args, *idx, h, 1.0)
+    grads = torch_bwd(case["gy_TD"], *args, *idx, h, 1.0, True, True, True)
     assert rows and max(rows) <= 13, rows
     assert_close(compare((y, grads), reference_case(case)), torch.float16)
 

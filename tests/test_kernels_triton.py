@@ -11,6 +11,8 @@ from sigma_moe import kernels
 from sigma_moe.kernels import moe_mlp
 from sigma_moe.kernels.routing import make_routing
 from sigma_moe.kernels.testing import (
+    FROZEN,
+    GRAD_NAMES,
     NO_GROUPED_MM,
     TOLERANCE,
     assert_close,
@@ -275,10 +277,32 @@ def test_fused_ops_read_strided_gates_and_routing():
     y_ref, h_ref = ops.fused_fwd(x, gate.contiguous(), w1, w2, r.tok_R, r.order_R, r.off_S, 1)
     assert torch.equal(y, y_ref) and torch.equal(h, h_ref)
     gy = torch.randn_like(y)
-    grads = ops.fused_bwd(gy, x, gate, w1, w2, tok, r.order_R, r.off_S, 1, h)
+    grads = ops.fused_bwd(gy, x, gate, w1, w2, tok, r.order_R, r.off_S, 1, h, True, True, True)
     grads_ref = ops.fused_bwd(gy, x, gate.contiguous(), w1, w2, r.tok_R, r.order_R, r.off_S,
-                              1, h)
+                              1, h, True, True, True)
     assert all(torch.equal(a, b) for a, b in zip(grads, grads_ref))
+
+
+@pytest.mark.parametrize("backend", ["triton", "triton_unfused"])
+@pytest.mark.parametrize("frozen", FROZEN)
+def test_triton_computes_only_the_gradients_needed(backend, frozen, monkeypatch):
+    """The other gradients bit for bit as when all are needed, and no launch for the ones
+    not needed: a weight gradient each, and dx's slot-ordered scatter."""
+    from sigma_moe.kernels import triton_launch
+
+    case = random_case(T=13, D=8, E=4, G=8, K=2, device=DEVICE)
+    _, want = run_case(case, backend)
+    calls = []
+    for name in ("wgrad", "scatter_mm"):
+        real = getattr(triton_launch, name)
+        monkeypatch.setattr(triton_launch, name,
+                            lambda *a, _real=real, _name=name, **kw: calls.append(_name)
+                            or _real(*a, **kw))
+    _, grads = run_case(case, backend, frozen=frozen)
+    for name, g, g_all in zip(GRAD_NAMES, grads, want):
+        assert g is None if name in frozen else torch.equal(g, g_all), name
+    assert calls.count("wgrad") == 2 - len({"w1", "w2"} & set(frozen))
+    assert calls.count("scatter_mm") == 1 + ("x" not in frozen)  # y's, then dx's
 
 
 @pytest.mark.parametrize("backend", ["triton", "triton_unfused"])

@@ -17,6 +17,9 @@ Backends:
     grouped_mm      torch._grouped_mm (sigma_moe/kernels/grouped_mm.py)
     torch           fast plain-PyTorch path, the CPU default (sigma_moe/kernels/torch_path.py)
     reference       the per-expert loop everything is tested against (reference.py)
+Every backend computes only the gradients autograd asks for: frozen expert weights (input
+gradients of a trained model) cost no weight-gradient products (torch path, CPU target case:
+0.74-0.79x the time with all gradients).
 An unknown backend, one that cannot run on the given inputs, or inputs of the wrong shape
 are a ValueError; an expert id outside [0, E) fails an asynchronous assert (RuntimeError).
 """

@@ -13,6 +13,9 @@ from sigma_moe.kernels.grouped_mm import grouped_mm_problem
 # why this torch has no `torch._grouped_mm` path (torch < 2.8), None when it has one
 NO_GROUPED_MM = grouped_mm_problem(torch.zeros(1, 8), torch.zeros(1, 8, 8))
 GRAD_NAMES = ("x", "gate", "w1", "w2")
+# inputs that need no gradient (run_case's `frozen`): a frozen weight, x (the first layer's
+# input), or x's gradient alone of a trained model
+FROZEN = [("x",), ("w1",), ("w2",), ("w1", "w2"), ("x", "w1", "w2")]
 # max |error| / max |reference| that each input dtype must meet (fp32 accumulation)
 TOLERANCE = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 4e-2}
 
@@ -43,19 +46,23 @@ def uneven_experts(T, E, K, generator, device="cpu") -> torch.Tensor:
     return torch.multinomial(weight.expand(T, E), K, generator=generator)
 
 
-def run_case(case, backend, hidden_dropout=0.0, training=False, dtype=None, n_chunks=None):
-    """-> (y, (dx, dgate, dw1, dw2)) of `moe_mlp` on `case` (cast to `dtype` if given)."""
+def run_case(case, backend, hidden_dropout=0.0, training=False, dtype=None, n_chunks=None,
+             frozen=()):
+    """-> (y, (dx, dgate, dw1, dw2)) of `moe_mlp` on `case` (cast to `dtype` if given);
+    the inputs named in `frozen` (of GRAD_NAMES) need no gradient, and get None."""
     from sigma_moe.kernels import (
         moe_mlp,  # late: sigma_moe/kernels/__init__ imports this module's siblings
     )
 
     leaves = [case[k] for k in ("x_TD", "gate_TK", "w1_EDG", "w2_EGD")]
-    leaves = [t.detach().to(dtype or t.dtype).requires_grad_() for t in leaves]
+    leaves = [t.detach().to(dtype or t.dtype).requires_grad_(name not in frozen)
+              for name, t in zip(GRAD_NAMES, leaves)]
     x, gate, w1, w2 = leaves
     y = moe_mlp(x, case["expert_TK"], gate, w1, w2, hidden_dropout, training, backend=backend,
                 n_chunks=n_chunks)
-    grads = torch.autograd.grad(y, leaves, case["gy_TD"].to(y.dtype))
-    return y.detach(), grads
+    grads = iter(torch.autograd.grad(y, [t for t in leaves if t.requires_grad],
+                                     case["gy_TD"].to(y.dtype)))
+    return y.detach(), tuple(next(grads) if t.requires_grad else None for t in leaves)
 
 
 def reference_case(case):

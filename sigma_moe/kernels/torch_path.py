@@ -208,55 +208,68 @@ def _(x_TD, gate_TK, w1_EDG, w2_EGD, tok_R, order_R, off_S, p, training):
 def torch_bwd(
     gy_TD: Tensor, x_TD: Tensor, gate_TK: Tensor, w1_EDG: Tensor, w2_EGD: Tensor,
     tok_R: Tensor, order_R: Tensor, off_S: Tensor, h_RG: Tensor, drop_scale: float,
+    need_x: bool, need_w1: bool, need_w2: bool,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """-> grads of (x, gate, w1, w2). drop_scale = 1/(1-p) when dropout was applied."""
+    """-> grads of (x, gate, w1, w2). drop_scale = 1/(1-p) when dropout was applied.
+
+    A gradient not needed (need_* False: frozen weights, or an input that needs none) is
+    an empty tensor, and its products are skipped: with frozen weights (input gradients of
+    a trained model) 4 of the 6 products an expert remain, and no gather of x."""
     T, D = x_TD.shape
     E, _, G = w1_EDG.shape
     K = gate_TK.shape[1]
     C, bounds, n_max, tok_R, local_R, gate_R, x_TD, w1_EDG, w2_EGD = _prologue(
         x_TD, gate_TK, w1_EDG, w2_EGD, tok_R, order_R, off_S)
-    gx_TD = torch.empty_like(x_TD)
+    # (outputs may not alias each other: one empty tensor each)
+    gx_TD = torch.empty_like(x_TD) if need_x else x_TD.new_empty(0)
     # one per chunk, summed after in chunk order into chunk 0's (deterministic, and no
     # fresh output to page-fault); blocks with no rows get 0
-    gw1_C = [torch.empty_like(w1_EDG) for _ in range(C)]
-    gw2_C = [torch.empty_like(w2_EGD) for _ in range(C)]
+    gw1_C = [torch.empty_like(w1_EDG) if need_w1 else w1_EDG.new_empty(0) for _ in range(C)]
+    gw2_C = [torch.empty_like(w2_EGD) if need_w2 else w2_EGD.new_empty(0) for _ in range(C)]
     gg_R = gate_R.new_empty(T * K)
 
     def work(c):
-        gx_cD = gx_TD[_chunk_rows(T, C, c)].zero_()  # as in the forward: own rows only
+        gx_cD = gx_TD[_chunk_rows(T, C, c)].zero_() if need_x else None  # own rows only
         x_nD, gy_nD, gx_nD = (x_TD.new_empty(n_max, D) for _ in range(3))
         hg_nG, ghg_nG, gpre_nG = (h_RG.new_empty(n_max, G) for _ in range(3))
         for e in range(E):
             a, b = bounds[e * C + c], bounds[e * C + c + 1]
             if a == b:
-                gw1_C[c][e].zero_()
-                gw2_C[c][e].zero_()
+                for need, gw in ((need_w1, gw1_C), (need_w2, gw2_C)):
+                    if need:
+                        gw[c][e].zero_()
                 continue
             n, tok, loc = b - a, tok_R[a:b], local_R[a:b]
-            x = torch.index_select(x_TD, 0, tok, out=x_nD[:n])
             gy = torch.index_select(gy_TD, 0, tok, out=gy_nD[:n])
             h, g = h_RG[a:b], gate_R[a:b, None]
-            hg = torch.mul(h, g, out=hg_nG[:n])
-            torch.mm(hg.T, gy, out=gw2_C[c][e])
+            if need_w2:
+                torch.mm(torch.mul(h, g, out=hg_nG[:n]).T, gy, out=gw2_C[c][e])
             ghg = torch.mm(gy, w2_EGD[e].T, out=ghg_nG[:n])  # d loss / d (gate * h)
             torch.linalg.vecdot(ghg, h, out=gg_R[a:b])
+            if not (need_w1 or need_x):
+                continue
             gpre = _relu_grad(ghg.mul_(g * drop_scale if drop_scale != 1.0 else g), h,
                               gpre_nG[:n])
-            torch.mm(x.T, gpre, out=gw1_C[c][e])
-            gx_cD.index_add_(0, loc, torch.mm(gpre, w1_EDG[e].T, out=gx_nD[:n]))
+            if need_w1:
+                x = torch.index_select(x_TD, 0, tok, out=x_nD[:n])
+                torch.mm(x.T, gpre, out=gw1_C[c][e])
+            if need_x:
+                gx_cD.index_add_(0, loc, torch.mm(gpre, w1_EDG[e].T, out=gx_nD[:n]))
 
     _run(work, C)
     gg_TK = torch.empty_like(gg_R).index_copy_(0, order_R, gg_R).view(T, K)
     for c in range(1, C):
-        gw1_C[0].add_(gw1_C[c])
-        gw2_C[0].add_(gw2_C[c])
+        for need, gw in ((need_w1, gw1_C), (need_w2, gw2_C)):
+            if need:
+                gw[0].add_(gw[c])
     return gx_TD, gg_TK, gw1_C[0], gw2_C[0]
 
 
 @torch_bwd.register_fake
-def _(gy_TD, x_TD, gate_TK, w1_EDG, w2_EGD, tok_R, order_R, off_S, h_RG, drop_scale):
-    return (torch.empty_like(x_TD), torch.empty_like(gate_TK), torch.empty_like(w1_EDG),
-            torch.empty_like(w2_EGD))
+def _(gy_TD, x_TD, gate_TK, w1_EDG, w2_EGD, tok_R, order_R, off_S, h_RG, drop_scale,
+      need_x, need_w1, need_w2):
+    return tuple(torch.empty_like(t) if need else t.new_empty(0) for t, need in
+                 ((x_TD, need_x), (gate_TK, True), (w1_EDG, need_w1), (w2_EGD, need_w2)))
 
 
 def _setup_context(ctx, inputs, output):
@@ -270,8 +283,10 @@ def _setup_context(ctx, inputs, output):
 def _backward(ctx, gy_TD, _gh):
     if gy_TD is None:
         return None, None, None, None, None, None, None, None, None
-    gx, gg, gw1, gw2 = torch_bwd(gy_TD.contiguous(), *ctx.saved_tensors, ctx.drop_scale)
-    return gx, gg, gw1, gw2, None, None, None, None, None
+    need_x, _, need_w1, need_w2 = ctx.needs_input_grad[:4]
+    grads = torch_bwd(gy_TD.contiguous(), *ctx.saved_tensors, ctx.drop_scale, need_x,
+                      need_w1, need_w2)
+    return *(g if need else None for g, need in zip(grads, ctx.needs_input_grad)), *[None] * 5
 
 
 torch_fwd.register_autograd(_backward, setup_context=_setup_context)

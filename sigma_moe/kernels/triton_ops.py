@@ -139,9 +139,11 @@ def _(x_TD, gate_TK, w1_EDG, w2_EGD, tok_R, order_R, off_S, n_chunks):
 
 @torch.library.custom_op("sigma_moe::fused_bwd", mutates_args=())
 def fused_bwd(gy_TD: Tensor, x_TD: Tensor, gate_TK: Tensor, w1_EDG: Tensor, w2_EGD: Tensor,
-              tok_R: Tensor, order_R: Tensor, off_S: Tensor, n_chunks: int, h_RG: Tensor
+              tok_R: Tensor, order_R: Tensor, off_S: Tensor, n_chunks: int, h_RG: Tensor,
+              need_x: bool, need_w1: bool, need_w2: bool
               ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """-> grads of (x, gate, w1, w2)."""
+    """-> grads of (x, gate, w1, w2); one not needed is an empty tensor, its kernels
+    skipped (frozen weights: no wgrad launches)."""
     E = w1_EDG.shape[0]
     T, K = gate_TK.shape
     gate_flat = gate_TK.reshape(-1)
@@ -150,21 +152,23 @@ def fused_bwd(gy_TD: Tensor, x_TD: Tensor, gate_TK: Tensor, w1_EDG: Tensor, w2_E
     gpre_RG, gpart, gh_RG = launch.gather_mm(gy_TD, w2_EGD.transpose(1, 2), tok_R, off_S,
                                              EPI_GATE_RELU_BWD, h=h_RG, gate=gate_flat,
                                              order_R=order_R, n_chunks=n_chunks)
-    gw2 = launch.wgrad(gh_RG, gy_TD, tok_R, off_S, E, gather_a=False, gather_b=True,
-                       dtype=w2_EGD.dtype)
-    gw1 = launch.wgrad(x_TD, gpre_RG, tok_R, off_S, E, gather_a=True, gather_b=False,
-                       dtype=w1_EDG.dtype)
-    gx_TD = launch.scatter_mm(gpre_RG, w1_EDG.transpose(1, 2), tok_R, off_S, T,
-                              n_chunks=n_chunks)
+    gw2 = (launch.wgrad(gh_RG, gy_TD, tok_R, off_S, E, gather_a=False, gather_b=True,
+                        dtype=w2_EGD.dtype) if need_w2 else w2_EGD.new_empty(0))
+    gw1 = (launch.wgrad(x_TD, gpre_RG, tok_R, off_S, E, gather_a=True, gather_b=False,
+                        dtype=w1_EDG.dtype) if need_w1 else w1_EDG.new_empty(0))
+    gx_TD = (launch.scatter_mm(gpre_RG, w1_EDG.transpose(1, 2), tok_R, off_S, T,
+                               n_chunks=n_chunks) if need_x else x_TD.new_empty(0))
     gg_TK = gpart.sum(0).view(T, K).to(gate_TK.dtype)
     return gx_TD, gg_TK, gw1, gw2
 
 
 @fused_bwd.register_fake
-def _(gy_TD, x_TD, gate_TK, w1_EDG, w2_EGD, tok_R, order_R, off_S, n_chunks, h_RG):
+def _(gy_TD, x_TD, gate_TK, w1_EDG, w2_EGD, tok_R, order_R, off_S, n_chunks, h_RG,
+      need_x, need_w1, need_w2):
     # contiguous, as the kernels' outputs are (empty_like would keep a transposed input's
     # strides, and torch.compile would plan with those)
-    return tuple(t.new_empty(t.shape) for t in (x_TD, gate_TK, w1_EDG, w2_EGD))
+    return tuple(t.new_empty(t.shape if need else 0) for t, need in
+                 ((x_TD, need_x), (gate_TK, True), (w1_EDG, need_w1), (w2_EGD, need_w2)))
 
 
 def _fused_setup(ctx, inputs, output):
@@ -178,8 +182,10 @@ def _fused_backward(ctx, gy_TD, _gh):
     if gy_TD is None:
         return (None,) * 8
     *inputs, h_RG = ctx.saved_tensors
-    gx, gg, gw1, gw2 = fused_bwd(gy_TD.contiguous(), *inputs, ctx.n_chunks, h_RG)
-    return gx, gg, gw1, gw2, None, None, None, None
+    need_x, _, need_w1, need_w2 = ctx.needs_input_grad[:4]
+    grads = fused_bwd(gy_TD.contiguous(), *inputs, ctx.n_chunks, h_RG, need_x, need_w1,
+                      need_w2)
+    return *(g if need else None for g, need in zip(grads, ctx.needs_input_grad)), *[None] * 4
 
 
 fused_fwd.register_autograd(_fused_backward, setup_context=_fused_setup)
