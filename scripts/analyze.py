@@ -54,134 +54,38 @@ from matplotlib.ticker import MaxNLocator  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
-def run_config(path: Path, dev) -> dict[str, Any]:
-    """A run directory or one checkpoint file in one: its config.yaml, read and checked.
-    Every argument comes here before anything is loaded or evaluated: a bad later one must
-    not cost the evaluation of the ones before it."""
-    import yaml
-    from omegaconf import DictConfig, OmegaConf
-
-    from sigma_moe.framework.config import ConfigError, first_line, from_dict
-    from sigma_moe.tasks.lm import LMTaskConfig, build_model_config
-
-    if not path.exists():
-        raise ConfigError(f"{path} does not exist: pass a run directory or a checkpoint in one")
-    run_dir = path.parent if path.is_file() else path
-    file = run_dir / "config.yaml"
-    if not file.is_file():
-        raise ConfigError(f"{run_dir} has no config.yaml (not a run directory)")
-    try:
-        conf = OmegaConf.load(file)
-        cfg = OmegaConf.to_container(conf, resolve=True)
-    except (yaml.YAMLError, ValueError) as e:  # OmegaConf's errors and bad UTF-8 are ValueErrors
-        raise ConfigError(f"{file} cannot be read ({type(e).__name__}: {first_line(e)}); "
-                          f"restore it (run.py writes it when the run starts)") from None
-    missing = [key for key in ("task", "dataset.kind", "model", "ffn")
-               if not isinstance(conf, DictConfig) or OmegaConf.select(conf, key) is None]
-    if missing:
-        raise ConfigError(f"{file} has no {', '.join(missing)}: not the config.yaml run.py "
-                          f"writes; restore it")
-    try:  # the vocabulary size comes with the data (load_run); every other field is checked
-        task_cfg = from_dict(LMTaskConfig, cfg["task"], "task")
-        model_cfg = build_model_config(cfg, vocab_size=0)
-    except ConfigError as e:  # several runs at once: say which
-        raise ConfigError(f"{file}: {first_line(e)}") from None
-    return {"path": path, "run_dir": run_dir, "label": str(cfg.get("name", run_dir.name)),
-            "cfg": cfg, "task_cfg": task_cfg, "model_cfg": runnable_backend(model_cfg, dev)}
-
-
-def runnable_backend(model_cfg, dev):
-    """The run's ffn.backend, or `auto` where it cannot evaluate on this device (a run trained
-    with Triton on a GPU, analysed on a laptop). A researcher wants the figures: every backend
-    computes the same MLP (tests/test_kernels*.py), so the routing and the numbers agree up to
-    float rounding; a note on stderr says so."""
-    import dataclasses
-
-    import torch
-
-    from sigma_moe.tasks.lm_run import backend_problem
-
-    ffn = model_cfg.ffn
-    problem = backend_problem(ffn, dev, torch.float32)  # the evaluation: float32, no dropout
-    if problem is None:
-        return model_cfg
-    print(f"note: ffn.backend={ffn.backend} cannot run on {dev} ({problem}): analysing with "
-          f"ffn.backend=auto (the same numbers up to float rounding)", file=sys.stderr)
-    return dataclasses.replace(model_cfg, ffn=dataclasses.replace(ffn, backend="auto"))
-
-
 def resolve_device(name: str):
     """--device, checked before anything is loaded (as sigma_moe.framework.trainer checks
     trainer.device)."""
-    from sigma_moe.framework.config import ConfigError
     from sigma_moe.framework.runtime import resolve_device as resolve
 
-    try:
-        return resolve(name)
-    except ConfigError as e:
-        raise ConfigError(str(e).replace("trainer.device=", "--device ")) from None
+    return resolve(name, f"--device {name}")
 
 
-def load_run(run: dict[str, Any], datasets: dict[str, Any]) -> dict[str, Any]:
-    """The run with its data and model (on the CPU, the checkpoint loaded), for every run
-    before the first evaluation: a checkpoint that does not load or does not fit config.yaml,
-    a dataset not prepared on this machine."""
-    import dataclasses
-
-    from sigma_moe.framework.checkpoint import CheckpointError, load_checkpoint, load_latest
-    from sigma_moe.models.transformer_xl import TransformerXL
-    from sigma_moe.tasks.lm import load_data
-
-    path, run_dir = run["path"], run["run_dir"]
-    try:
-        state = (load_checkpoint(path) if path.is_file() else
-                 load_latest(run_dir, warn=lambda line: print(line, file=sys.stderr)))
-    except CheckpointError as e:
-        raise CheckpointError(f"{run_dir}/{e}; pass the run directory (its newest valid "
-                              f"checkpoint) or another checkpoint") from None
-    if state is None:
-        raise CheckpointError(f"no valid checkpoint in {run_dir}; train the run first")
-    if not isinstance(state, dict) or "model" not in state:
-        raise CheckpointError(f"{path}: no model weights (not a checkpoint run.py writes); "
-                              f"pass a run directory or a checkpoint_*.pt in one")
-    key = json.dumps(run["cfg"]["dataset"], sort_keys=True)  # seeds of one experiment: once
-    data = datasets[key] = datasets.get(key) or load_data(run["cfg"])
-    model = TransformerXL(dataclasses.replace(run["model_cfg"], vocab_size=data.vocab_size))
-    try:
-        model.load_state_dict(state["model"])
-    except (TypeError, RuntimeError) as e:  # another run's checkpoint
-        detail = str(e).strip().splitlines()[-1].strip()  # load_state_dict's 1st: a heading
-        raise CheckpointError(f"{path}: its weights do not fit the model {run_dir}/config.yaml "
-                              f"describes ({detail}); analyse a checkpoint with the config.yaml "
-                              f"of the run that wrote it") from None
-    return {**run, "data": data, "model": model, "step": int(state.get("step", 0))}
-
-
-def analyze(run: dict[str, Any], dev, splits: tuple[str, ...] = ("valid",),
+def analyze(run, label: str, dev, splits: tuple[str, ...] = ("valid",),
             max_segments: int | None = None) -> dict[str, Any]:
     """One evaluation pass per split with routing statistics, pooled over the splits (the
-    paper's Fig. 1 pools valid and test); the numbers of every figure."""
+    paper's Fig. 1 pools valid and test); the numbers of every figure. `run`: a loaded
+    `Trained` (sigma_moe/tasks/trained.py), its model moved to `dev` for the passes and
+    back to the CPU after: one model on the device at a time."""
     import torch
 
-    from sigma_moe.tasks.lm import LMTask
+    from sigma_moe.tasks.lm import metrics
 
-    run_dir, task_cfg, data = run["run_dir"], run["task_cfg"], run["data"]
-    model = run.pop("model").to(dev)  # handed over: one model on the device at a time
-    task = LMTask(task_cfg, data, model, dev)
-    segments = task_cfg.final_segments if max_segments is None else max_segments
-    per_split = {}
-    with torch.no_grad():
-        for i, split in enumerate(splits):  # a whole split: minutes
-            per_split[split] = task.evaluate(split, task_cfg.eval_batch_size,
-                                             task_cfg.eval_mem_segments, segments, stats=True,
-                                             progress=True, add_stats=i > 0)
+    run.to(dev)
+    segments = run.spec.task_cfg.final_segments if max_segments is None else max_segments
+    per_split = {split: run.evaluate(split, segments, stats=True, progress=True,
+                                     add_stats=i > 0)  # a whole split: minutes
+                 for i, split in enumerate(splits)}
+    run.to(torch.device("cpu"))
     tokens = sum(r["tokens"] for r in per_split.values())
     loss = sum(r["loss"] * r["tokens"] for r in per_split.values()) / max(tokens, 1)
-    return {"label": run["label"], "run_dir": str(run_dir),
-            "step": run["step"], "ffn": model.cfg.ffn_kind, "split": "+".join(splits),
-            "max_segments": segments, "tokens": tokens, "metric": data.metric,
-            data.metric: task.metric(loss)[data.metric],
-            **({"per_split": {s: {data.metric: r[data.metric], "tokens": r["tokens"]}
+    metric = run.data.metric
+    return {"label": label, "run_dir": str(run.spec.run_dir),
+            "step": run.step, "ffn": run.model.cfg.ffn_kind, "split": "+".join(splits),
+            "max_segments": segments, "tokens": tokens, "metric": metric,
+            metric: metrics(metric, loss)[metric],
+            **({"per_split": {s: {metric: r[metric], "tokens": r["tokens"]}
                               for s, r in per_split.items()}} if len(splits) > 1 else {}),
             "layers": summarize_layers(per_split[splits[-1]]["routing"])}
 
@@ -405,27 +309,25 @@ def main(argv: list[str] | None = None) -> list[Path]:
         sys.exit(1)
 
 
-def distinct_labels(runs: list[dict[str, Any]]) -> None:
-    """Runs of one experiment are told apart by the overrides in which their directories
-    differ (`mini_moe [trainer.seed=1]`), else (the same ones) by their position (`#1`).
-    `runs`: run_config's dicts, labelled before the first evaluation."""
+def distinct_labels(names: list[str], run_dirs: list[Path]) -> list[str]:
+    """Each run's label: its experiment's name, told apart from other runs of the same
+    experiment by the overrides in which their directories differ (`mini_moe
+    [trainer.seed=1]`), else (the same ones) by their position (`#1`). Before the first
+    evaluation: it reads each run's overrides.yaml."""
     from scripts.run_results import run_overrides, split_overrides
 
-    groups: dict[str, list[dict[str, Any]]] = {}
-    for r in runs:
-        groups.setdefault(r["label"], []).append(r)
-    for label, group in groups.items():
+    labels = list(names)
+    for name in set(names):
+        group = [i for i, n in enumerate(names) if n == name]
         if len(group) < 2:
             continue
-        items = [split_overrides(run_overrides(Path(r["run_dir"]), label)) for r in group]
+        items = [split_overrides(run_overrides(Path(run_dirs[i]), name)) for i in group]
         common = set.intersection(*map(set, items))
-        for r, its in zip(group, items):
+        for i, its in zip(group, items):
             if own := [it for it in its if it not in common]:
-                r["label"] += f" [{','.join(own)}]"
-    labels = [r["label"] for r in runs]
-    for i, r in enumerate(runs):
-        if labels.count(r["label"]) > 1:
-            r["label"] += f"#{i}"
+                labels[i] += f" [{','.join(own)}]"
+    return [f"{label}#{i}" if labels.count(label) > 1 else label
+            for i, label in enumerate(labels)]
 
 
 def has_experts(ffn_kind: str) -> bool:
@@ -437,44 +339,53 @@ def has_experts(ffn_kind: str) -> bool:
     return issubclass(FFNS.get(ffn_kind), ExpertsFFN)
 
 
-def check_expert_layer(ap: argparse.ArgumentParser, configs: list[dict[str, Any]],
-                       layer: int) -> None:
+def check_expert_layer(ap: argparse.ArgumentParser, specs: list, layer: int) -> None:
     """--layer asks for the expert usage and co-occurrence figures: a run without experts
     has none (a dense run's analysis wrote neither, silently), so it is left out of them,
-    and with no MoE run at all nothing is evaluated."""
+    and with no MoE run at all nothing is evaluated. `specs`: the runs' `RunSpec`s."""
     from sigma_moe.framework.config import ConfigError
     from sigma_moe.models.ffn import FFNS
 
-    moe = [c for c in configs if has_experts(c["model_cfg"].ffn_kind)]
+    moe = [s for s in specs if has_experts(s.model_cfg.ffn_kind)]
     if not moe:
         kinds = ", ".join(k for k in FFNS.names() if has_experts(k))
-        given = ", ".join(sorted({c["model_cfg"].ffn_kind for c in configs}))
+        given = ", ".join(sorted({s.model_cfg.ffn_kind for s in specs}))
         raise ConfigError(f"--layer {layer}: the expert usage and co-occurrence figures need "
                           f"a MoE run (ffn {kinds}), and no run given is one (ffn {given}); "
                           f"without --layer: the active channels of Fig. 1")
-    n_layers = min(c["model_cfg"].n_layers for c in moe)
+    n_layers = min(s.model_cfg.n_layers for s in moe)
     if not 1 <= layer <= n_layers:
         ap.error(f"--layer {layer}: the runs have layers 1..{n_layers}")
-    for c in configs:
-        if not has_experts(c["model_cfg"].ffn_kind):
-            print(f"note: {c['path']} (ffn {c['model_cfg'].ffn_kind}) has no experts: left "
+    for s in specs:
+        if not has_experts(s.model_cfg.ffn_kind):
+            print(f"note: {s.path} (ffn {s.model_cfg.ffn_kind}) has no experts: left "
                   f"out of the expert usage and co-occurrence figures", file=sys.stderr)
 
 
 def analyze_all(ap: argparse.ArgumentParser, args: argparse.Namespace) -> list[Path]:
     """Every check first (the arguments, each run's config, checkpoint and data, the output
     folder), then the evaluations, which can take hours on a whole split."""
+    import torch
+
+    from sigma_moe.tasks.trained import load, read_run
+
     dev = resolve_device(args.device)
-    configs = [run_config(p, dev) for p in args.paths]
-    distinct_labels(configs)  # reads each run's overrides.yaml: not after hours of evaluation
+    specs = [read_run(p, dev) for p in args.paths]
+    # reads each run's overrides.yaml: not after hours of evaluation
+    labels = distinct_labels([s.name for s in specs], [s.run_dir for s in specs])
     if args.layer is not None:
-        check_expert_layer(ap, configs, args.layer)
+        check_expert_layer(ap, specs, args.layer)
     # splits side by side
-    out = args.out or configs[0]["run_dir"] / "analysis" / "+".join(args.split)
+    out = args.out or specs[0].run_dir / "analysis" / "+".join(args.split)
     check_writable(out)
-    datasets: dict[str, Any] = {}
-    loaded = [load_run(c, datasets) for c in configs]
-    runs = [analyze(r, dev, args.split, args.max_segments) for r in loaded]
+    datasets: dict[str, Any] = {}  # seeds of one experiment: their data loaded once
+    loaded = []
+    for s in specs:  # on the CPU until evaluated: one model on the device at a time
+        key = json.dumps(s.cfg["dataset"], sort_keys=True)
+        loaded.append(load(s, torch.device("cpu"), datasets.get(key)))
+        datasets[key] = loaded[-1].data
+    runs = [analyze(r, label, dev, args.split, args.max_segments)
+            for r, label in zip(loaded, labels)]
     paths = write_figures(runs, out, args.layer)
     for r in runs:
         print(f"{r['label']}: {r['split']} {r['metric']} {r[r['metric']]:.4f} "

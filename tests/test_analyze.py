@@ -163,15 +163,13 @@ def test_hand_built_routing(tmp_path):
 def test_splits_pool_their_routing_statistics(runs):
     """--split valid,test (paper Fig. 1 pools them): the routing sums of the pooled pass are
     those of the two splits added, the loss their token-weighted mean."""
-    from sigma_moe.tasks.lm import LMTask
+    from sigma_moe.tasks.trained import load_trained
 
-    config = analyze.run_config(runs / "moe", torch.device("cpu"))
-    run = analyze.load_run(config, {})
-    task = LMTask(run["task_cfg"], run["data"], run["model"], torch.device("cpu"))
-    ffns = run["model"].ffns()
+    run = load_trained(runs / "moe", "cpu")
+    ffns = run.model.ffns()
 
     def sums(split, add=False):
-        task.evaluate(split, 2, 4, 1, stats=True, add_stats=add)
+        run.evaluate(split, 1, stats=True, add_stats=add)
         return [{k: v.clone() for k, v in f.stats.sums.items()} for f in ffns]
 
     valid, test = sums("valid"), sums("test")
@@ -179,8 +177,8 @@ def test_splits_pool_their_routing_statistics(runs):
     pooled = sums("test", add=True)
     for v, t, p in zip(valid, test, pooled, strict=True):
         assert set(p) == set(v) and all(torch.allclose(p[k], v[k] + t[k]) for k in p)
-    res = analyze.analyze(analyze.load_run(config, {}), torch.device("cpu"), ("valid", "test"),
-                          max_segments=1)
+    res = analyze.analyze(load_trained(runs / "moe", "cpu"), "moe", torch.device("cpu"),
+                          ("valid", "test"), max_segments=1)
     per = [res["per_split"][s] for s in ("valid", "test")]
     assert res["split"] == "valid+test" and res["tokens"] == sum(p["tokens"] for p in per) == 128
     bits = sum(p["bpc"] * p["tokens"] for p in per) / res["tokens"]
@@ -320,7 +318,7 @@ def test_backend_that_cannot_run_here_analyses_with_auto(runs, tmp_path, monkeyp
     monkeypatch.setattr(kernels, "backend_problem", lambda backend, *args: f"no {backend} here")
     analyze.main([str(run_dir), "--out", str(tmp_path / "fig")])
     assert capsys.readouterr().err == ("note: ffn.backend=triton cannot run on cpu (no triton "
-                                       "here): analysing with ffn.backend=auto (the same "
+                                       "here): evaluating with ffn.backend=auto (the same "
                                        "numbers up to float rounding)\n")
     [res] = json.loads((tmp_path / "fig" / "analysis.json").read_text())["runs"]
     ref = json.loads((runs / "moe" / "results.json").read_text())
@@ -332,11 +330,10 @@ def test_runs_of_one_experiment_are_labelled_by_their_overrides(tmp_path):
     for sub in ("glu/ffn.k=2,trainer.seed=0", "glu/ffn.k=4,trainer.seed=0", "elsewhere/glu",
                 "elsewhere/glu-2"):
         (tmp_path / sub).mkdir(parents=True)
-    runs = [{"label": "glu", "run_dir": str(tmp_path / sub)} for sub in (
-        "glu/ffn.k=2,trainer.seed=0", "glu/ffn.k=4,trainer.seed=0", "elsewhere/glu",
-        "elsewhere/glu-2")] + [{"label": "dense", "run_dir": str(tmp_path / "dense")}]
-    analyze.distinct_labels(runs)
-    assert [r["label"] for r in runs] == [
+    dirs = [tmp_path / sub for sub in ("glu/ffn.k=2,trainer.seed=0",
+                                        "glu/ffn.k=4,trainer.seed=0", "elsewhere/glu",
+                                        "elsewhere/glu-2", "dense")]
+    assert analyze.distinct_labels(["glu"] * 4 + ["dense"], dirs) == [
         "glu [ffn.k=2,trainer.seed=0]", "glu [ffn.k=4,trainer.seed=0]", "glu#2", "glu#3",
         "dense"]
     # only what differs: the seeds of one long command (its directories' names cut to a
@@ -344,14 +341,14 @@ def test_runs_of_one_experiment_are_labelled_by_their_overrides(tmp_path):
     from sigma_moe.framework.cli import OVERRIDES, dirname
 
     long = ",".join(f"model.k{i}=1" for i in range(15))
-    runs = []
+    dirs = []
     for seed in (0, 1):
         over = f"{long},trainer.seed={seed}"
         (tmp_path / "moe" / dirname(over)).mkdir(parents=True)
         (tmp_path / "moe" / dirname(over) / OVERRIDES).write_text(f"dirname: {over}\n")
-        runs.append({"label": "moe", "run_dir": str(tmp_path / "moe" / dirname(over))})
-    analyze.distinct_labels(runs)
-    assert [r["label"] for r in runs] == ["moe [trainer.seed=0]", "moe [trainer.seed=1]"]
+        dirs.append(tmp_path / "moe" / dirname(over))
+    assert analyze.distinct_labels(["moe", "moe"], dirs) == [
+        "moe [trainer.seed=0]", "moe [trainer.seed=1]"]
 
 
 def test_runs_are_labelled_before_the_first_evaluation(runs, tmp_path, monkeypatch):
@@ -364,9 +361,9 @@ def test_runs_are_labelled_before_the_first_evaluation(runs, tmp_path, monkeypat
     (seeds[1] / OVERRIDES).write_bytes(b'dirname: "\xff"\n')
     evaluated, evaluate = [], analyze.analyze
 
-    def record(run, *args, **kwargs):
-        evaluated.append(run.get("label"))
-        return evaluate(run, *args, **kwargs)
+    def record(run, label, *args, **kwargs):
+        evaluated.append(label)
+        return evaluate(run, label, *args, **kwargs)
 
     monkeypatch.setattr(analyze, "analyze", record)
     analyze.main([*map(str, seeds), "--max-segments", "1", "--out", str(tmp_path / "fig")])

@@ -27,28 +27,29 @@ def rank_seed(seed: int, rank: int) -> int:
     return int(np.random.SeedSequence([seed, rank]).generate_state(1)[0])
 
 
-def resolve_device(name: str) -> torch.device:
+def resolve_device(name: str, setting: str = "") -> torch.device:
     """trainer.device: `auto` is CUDA when there is one, else the CPU. A device this machine
     lacks is a ConfigError here: the first `.to(device)` would fail with a traceback, after
-    the run directory was written."""
+    the run directory was written. `setting`: how the error names where `name` came from
+    (default `trainer.device=NAME`)."""
+    setting = setting or f"trainer.device={name}"
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
         device = torch.device(name)
     except RuntimeError:
-        raise ConfigError(f"trainer.device={name} is not a device: use auto, cpu, cuda, "
-                          f"cuda:N or mps") from None
+        raise ConfigError(f"{setting} is not a device: use auto, cpu, cuda, cuda:N or mps"
+                          ) from None
     # each backend's own check (torch.cuda, torch.xpu, ...; MPS keeps it under backends)
     module = torch.backends.mps if device.type == "mps" else getattr(torch, device.type, None)
     available = getattr(module, "is_available", None)
     if available is None or not available():
-        raise ConfigError(f"trainer.device={name} but no {device.type.upper()} device is "
-                          f"available; use cpu")
+        raise ConfigError(f"{setting} but no {device.type.upper()} device is available; "
+                          f"use cpu")
     count = getattr(module, "device_count", lambda: 1)()
     if device.index is not None and device.index >= count:
-        raise ConfigError(f"trainer.device={name} but this machine has {count} "
-                          f"{device.type.upper()} device(s): use {device.type}:0 .. "
-                          f"{device.type}:{count - 1}")
+        raise ConfigError(f"{setting} but this machine has {count} {device.type.upper()} "
+                          f"device(s): use {device.type}:0 .. {device.type}:{count - 1}")
     return device
 
 

@@ -142,6 +142,14 @@ def describe_data(data: TokenData, cfg: LMTaskConfig, steps: int
     return record, warning
 
 
+def metrics(metric: str, ce: float) -> dict[str, float]:
+    """A mean cross-entropy (nats a token) as the loss and the data's metric (`bpc`: bits a
+    byte, `ppl`: perplexity)."""
+    if metric == "bpc":
+        return {"loss": ce, "bpc": ce / math.log(2)}
+    return {"loss": ce, "ppl": math.exp(min(ce, 50.0))}
+
+
 class LMTask:
     def __init__(self, cfg: LMTaskConfig, data: TokenData, model: TransformerXL,
                  device: torch.device, rank: int = 0, world_size: int = 1, train_model=None):
@@ -202,9 +210,7 @@ class LMTask:
 
     # -- evaluation ------------------------------------------------------------------------
     def metric(self, ce: float) -> dict[str, float]:
-        if self.data.metric == "bpc":
-            return {"loss": ce, "bpc": ce / math.log(2)}
-        return {"loss": ce, "ppl": math.exp(min(ce, 50.0))}
+        return metrics(self.data.metric, ce)
 
     @torch.no_grad()
     def evaluate(self, split: str, batch_size: int, mem_segments: int, max_segments: int = 0,

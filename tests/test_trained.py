@@ -1,0 +1,76 @@
+"""A trained run in Python (sigma_moe/tasks/trained.py): the model and data as run.py built
+them, its evaluation equal to the run's own, nothing in the run directory touched."""
+import json
+
+import pytest
+import torch
+
+from sigma_moe.framework.checkpoint import CheckpointError, list_checkpoints
+from sigma_moe.framework.config import ConfigError
+from sigma_moe.tasks import TASKS
+from sigma_moe.tasks.trained import load_trained
+from tests.helpers import TINY, TINY_MOE, compose_cfg
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("trained") / "moe"
+    # checkpoints at steps 2 and 4 (the two newest are kept); the final evaluation: 2 segments
+    TASKS.get("lm")(compose_cfg([*TINY, *TINY_MOE, "trainer.steps=4", "trainer.ckpt_every=2",
+                                 "task.final_segments=2", "name=tiny_moe"]), run_dir)
+    return run_dir
+
+
+def snapshot(run_dir):
+    return {p.name: (p.stat().st_size, p.stat().st_mtime_ns) for p in run_dir.rglob("*")}
+
+
+def test_evaluation_is_the_runs_own(run_dir):
+    before = snapshot(run_dir)
+    run = load_trained(run_dir, "cpu")
+    results = json.loads((run_dir / "results.json").read_text())
+    assert run.step == 4 and run.spec.name == "tiny_moe" and not run.model.training
+    for split in ("valid", "test"):
+        got = run.evaluate(split)
+        assert got["tokens"] == 2 * 2 * 32  # 2 segments of eval_batch_size 2 x context 32
+        assert got["bpc"] == pytest.approx(results[split]["bpc"], abs=1e-6), split
+    routing = run.evaluate("valid", stats=True)["routing"]
+    assert len(routing) == 2 and all(len(r["expert_share"]) == 4 for r in routing)
+    # the model itself: logits over the data's vocabulary, one memory a layer
+    x_BT = torch.from_numpy(run.data.split("valid")[:3 * 32].reshape(3, 32)).long()
+    logits_BTV, mems = run.model(x_BT)
+    assert logits_BTV.shape == (3, 32, run.data.vocab_size) and len(mems) == 2
+    assert snapshot(run_dir) == before  # no file written, repaired or moved
+
+
+def test_a_checkpoint_file_loads_its_step(run_dir):
+    first = list_checkpoints(run_dir)[0]
+    run = load_trained(first, "cpu")
+    assert run.step == 2 and run.spec.run_dir == run_dir
+    assert run.evaluate("valid", max_segments=1)["tokens"] == 2 * 32
+
+
+def test_bad_input_is_one_clear_error(run_dir, tmp_path):
+    with pytest.raises(ConfigError, match="does not exist: pass a run directory"):
+        load_trained(tmp_path / "nowhere", "cpu")
+    with pytest.raises(ConfigError, match="has no config.yaml"):
+        load_trained(tmp_path, "cpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(ConfigError, match="^device='cuda' but no CUDA device"):
+            load_trained(run_dir, "cuda")
+    empty = tmp_path / "untrained"
+    empty.mkdir()
+    (empty / "config.yaml").write_text((run_dir / "config.yaml").read_text())
+    with pytest.raises(CheckpointError, match="no valid checkpoint in .*; train the run first"):
+        load_trained(empty, "cpu")
+
+
+def test_the_readme_example_runs(run_dir):
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    code = readme.split("### A trained run in Python\n```python\n", 1)[1].split("```", 1)[0]
+    assert '"runs/mini_moe"' in code
+    scope: dict = {}
+    exec(code.replace('"runs/mini_moe"', repr(str(run_dir))), scope)
+    assert scope["logits_BTV"].shape == (2, 256, scope["run"].data.vocab_size)
