@@ -125,3 +125,23 @@ def test_wikitext_mini_pipeline_on_a_small_dump(tmp_path, monkeypatch):
     before = WikitextMini.entry(cfg).path
     monkeypatch.setattr(wm, "EXTRACT_VERSION", wm.EXTRACT_VERSION + 1)
     assert WikitextMini.entry(cfg).path != before and len(spm_texts) == 2  # prepared again
+
+
+def test_the_embedded_file_is_found_without_importing_gensim(monkeypatch):
+    """gensim's __init__ imports scipy and more (a second per run start): the file is found
+    through the package's location; where gensim is missing, one line says what to install."""
+    import subprocess
+    import sys
+
+    import pytest
+
+    from sigma_moe.framework.data import enwik_mini
+    from sigma_moe.framework.data.base import DataError
+
+    code = ("import sys; from sigma_moe.framework.data.enwik_mini import embedded_wiki_xml; "
+            "assert embedded_wiki_xml().startswith(b'<mediawiki'); "
+            "assert 'gensim' not in sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True)
+    monkeypatch.setattr(enwik_mini.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(DataError, match="embedded corpus not found .*`pip install gensim`"):
+        enwik_mini.embedded_wiki_xml()

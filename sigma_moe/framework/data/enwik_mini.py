@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import bz2
 import hashlib
-import importlib.resources
+import importlib.util
 from dataclasses import dataclass
+from pathlib import Path
 
 from sigma_moe.framework.code_version import installed_version
 from sigma_moe.framework.data import DATASETS
@@ -31,10 +32,14 @@ def embedded_source() -> dict[str, str]:
 
 
 def embedded_wiki_xml() -> bytes:
-    """Decompressed bytes of gensim's Wikipedia XML test file."""
+    """Decompressed bytes of gensim's Wikipedia XML test file. The package is found, not
+    imported: its __init__ imports scipy and more, a second per run start."""
+    spec = importlib.util.find_spec("gensim")
     try:
-        res = importlib.resources.files("gensim") / "test" / "test_data" / WIKI_XML
-        return bz2.decompress(res.read_bytes())
+        if spec is None or not spec.submodule_search_locations:
+            raise ModuleNotFoundError("no module named 'gensim'")
+        folder = Path(next(iter(spec.submodule_search_locations)))
+        return bz2.decompress((folder / "test" / "test_data" / WIKI_XML).read_bytes())
     except (ModuleNotFoundError, FileNotFoundError) as e:
         raise DataError(
             f"embedded corpus not found ({e}): `pip install gensim` provides {WIKI_XML}"
