@@ -9,7 +9,8 @@ configs/exp/*.yaml without a `paper:` block, docs/extending.md) and any override
 directory (anything under the roots holding a results.json) is grouped with the others
 of the same experiment and the same overrides but the seed (read from its directory name,
 `<name>/<overrides>`, as Hydra names it): one row per group, one seed per run (the newest,
-when a `fresh=true` sibling ran it again), valid and test metric as mean ± sample std.
+when a `fresh=true` sibling ran it again; a note names the run left out), valid and test
+metric as mean ± sample std.
 
 Runs of one command can have trained different configs: the experiment file changed
 between them. Their config.yaml (seed left out) tells them apart; such a group is split,
@@ -79,8 +80,14 @@ def find(roots: list[Path], names: list[str]) -> dict[Row, dict[Any, dict[str, A
         row = Row(name, ",".join(extra), config_without_seed(run_dir), res["metric"])
         seeds = rows.setdefault(row, {})
         seed, mtime = as_seed(res.get("seed")), path.stat().st_mtime
-        if seed not in seeds or mtime > seeds[seed]["mtime"]:
-            seeds[seed] = {**res, "run_dir": str(run_dir), "mtime": mtime}
+        run = {**res, "run_dir": str(run_dir), "mtime": mtime}
+        if seed in seeds:  # a fresh=true rerun, or a copy: the newest counts, and we say so
+            older, newer = ((seeds[seed], run) if mtime > seeds[seed]["mtime"] else
+                            (run, seeds[seed]))  # a tie: the one found first
+            print(f"note: {older['run_dir']} left out: seed {seed} of its command has a "
+                  f"newer run, {newer['run_dir']}", file=sys.stderr)
+            run = newer
+        seeds[seed] = run
     return rows
 
 

@@ -47,6 +47,9 @@ def test_groups_by_overrides_but_the_seed_and_keeps_the_newest_rerun(tmp_path, c
     assert captured.out == text
     assert f"warning: {runs}/broken/results.json: unreadable results.json (not JSON" in \
         captured.err
+    glu = runs / "glu"
+    assert (f"note: {glu}/ffn.k=2,trainer.seed=1 left out: seed 1 of its command has a newer "
+            f"run, {glu}/ffn.k=2,trainer.seed=1-2\n") in captured.err
     assert compare_runs.main(["--runs", str(runs), "--name", "oth*"]).count("\n") == 3
 
 
