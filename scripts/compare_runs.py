@@ -82,11 +82,13 @@ def find(roots: list[Path], names: list[str]) -> dict[Row, dict[Any, dict[str, A
         seed, mtime = as_seed(res.get("seed")), path.stat().st_mtime
         run = {**res, "run_dir": str(run_dir), "mtime": mtime}
         if seed in seeds:  # a fresh=true rerun, or a copy: the newest counts, and we say so
-            older, newer = ((seeds[seed], run) if mtime > seeds[seed]["mtime"] else
-                            (run, seeds[seed]))  # a tie: the one found first
-            print(f"note: {older['run_dir']} left out: seed {seed} of its command has a "
-                  f"newer run, {newer['run_dir']}", file=sys.stderr)
-            run = newer
+            newer = mtime > seeds[seed]["mtime"]  # a tie: the one found first
+            left, kept = (seeds[seed], run) if newer else (run, seeds[seed])
+            print(f"note: {left['run_dir']} left out: seed {seed} also ran in "
+                  f"{kept['run_dir']}, which counts "
+                  f"({'its results.json is newer' if newer else 'found first'})",
+                  file=sys.stderr)
+            run = kept
         seeds[seed] = run
     return rows
 

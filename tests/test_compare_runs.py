@@ -48,8 +48,16 @@ def test_groups_by_overrides_but_the_seed_and_keeps_the_newest_rerun(tmp_path, c
     assert f"warning: {runs}/broken/results.json: unreadable results.json (not JSON" in \
         captured.err
     glu = runs / "glu"
-    assert (f"note: {glu}/ffn.k=2,trainer.seed=1 left out: seed 1 of its command has a newer "
-            f"run, {glu}/ffn.k=2,trainer.seed=1-2\n") in captured.err
+    assert (f"note: {glu}/ffn.k=2,trainer.seed=1 left out: seed 1 also ran in "
+            f"{glu}/ffn.k=2,trainer.seed=1-2, which counts (its results.json is newer)\n"
+            ) in captured.err
+    # a copy with the same mtime: the run found first counts, and the note says so
+    (runs / "broken" / "results.json").unlink()
+    finished(runs / "glu" / "ffn.k=2,trainer.seed=1-3", "glu", 1, 9.0, mtime=2_000)
+    assert "| 1.300 ± 0.283 (n=2) |" in compare_runs.main(["--runs", str(runs)])
+    assert (f"note: {glu}/ffn.k=2,trainer.seed=1-3 left out: seed 1 also ran in "
+            f"{glu}/ffn.k=2,trainer.seed=1-2, which counts (found first)\n"
+            ) in capsys.readouterr().err
     assert compare_runs.main(["--runs", str(runs), "--name", "oth*"]).count("\n") == 3
 
 

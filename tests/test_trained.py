@@ -56,8 +56,11 @@ def test_bad_input_is_one_clear_error(run_dir, tmp_path):
     with pytest.raises(ConfigError, match="has no config.yaml"):
         load_trained(tmp_path, "cpu")
     if not torch.cuda.is_available():
-        with pytest.raises(ConfigError, match="^device='cuda' but no CUDA device"):
-            load_trained(run_dir, "cuda")
+        for device in ("cuda", torch.device("cuda")):
+            with pytest.raises(ConfigError, match="^device='cuda' but no CUDA device"):
+                load_trained(run_dir, device)
+        with pytest.raises(ConfigError, match="^device='cuda:1' but no CUDA device"):
+            load_trained(run_dir, "cpu").to(torch.device("cuda", 1))
     empty = tmp_path / "untrained"
     empty.mkdir()
     (empty / "config.yaml").write_text((run_dir / "config.yaml").read_text())
@@ -74,3 +77,20 @@ def test_the_readme_example_runs(run_dir):
     scope: dict = {}
     exec(code.replace('"runs/mini_moe"', repr(str(run_dir))), scope)
     assert scope["logits_BTV"].shape == (2, 256, scope["run"].data.vocab_size)
+
+
+def test_a_backend_that_cannot_run_on_the_device_is_one_clear_error(run_dir, monkeypatch):
+    """read_run picks ffn.backend for the device it is given (a Triton run read for a GPU
+    keeps triton): evaluated after .to() a device that cannot run it, a ConfigError saying
+    how to load it, not the kernel's ValueError."""
+    import dataclasses
+
+    from sigma_moe import kernels
+
+    run = load_trained(run_dir, "cpu")  # as if read for a GPU (the check reads model.cfg)
+    ffn = dataclasses.replace(run.model.cfg.ffn, backend="triton")
+    run.model.cfg = dataclasses.replace(run.model.cfg, ffn=ffn)
+    monkeypatch.setattr(kernels, "backend_problem", lambda backend, *a: f"no {backend} here")
+    with pytest.raises(ConfigError, match=r"^ffn.backend=triton cannot run on cpu \(no triton "
+                                          r"here\); load the run with that device"):
+        run.evaluate("valid")

@@ -107,10 +107,10 @@ class Trained:
     step: int
     device: torch.device
 
-    def to(self, device: torch.device) -> Trained:
+    def to(self, device: str | torch.device) -> Trained:
         """The model moved to `device` (and evaluated there)."""
-        self.model.to(device)
-        self.device = device
+        self.device = _device(device)
+        self.model.to(self.device)
         return self
 
     def evaluate(self, split: str = "valid", max_segments: int | None = None,
@@ -121,6 +121,11 @@ class Trained:
         sigma_moe/models/ffn/base.py; `add_stats`: added to the previous call's).
         max_segments: the first N segments (0 = the whole split; default the run's
         task.final_segments, which its results.json used)."""
+        problem = backend_problem(self.model.cfg.ffn, self.device, torch.float32)
+        if problem is not None:  # the backend was picked for the device read_run was given
+            raise ConfigError(f"ffn.backend={self.model.cfg.ffn.backend} cannot run on "
+                              f"{self.device} ({problem}); load the run with that device "
+                              f"(load_trained(path, device)), which picks one that can")
         cfg = self.spec.task_cfg
         segments = cfg.final_segments if max_segments is None else max_segments
         task = LMTask(cfg, self.data, self.model, self.device)
@@ -160,6 +165,10 @@ def load(spec: RunSpec, device: torch.device, data: TokenData | None = None,
 def load_trained(path: str | Path, device: str | torch.device = "auto") -> Trained:
     """A run directory (its newest valid checkpoint) or one checkpoint_*.pt in one, ready
     to evaluate or to call. device: auto (a GPU if there is one), cpu, cuda, cuda:1, ..."""
-    dev = (device if isinstance(device, torch.device) else
-           resolve_device(device, f"device={device!r}"))
+    dev = _device(device)
     return load(read_run(path, dev), dev)
+
+
+def _device(device: str | torch.device) -> torch.device:
+    """A device this machine has (ConfigError otherwise: not an error in the first .to())."""
+    return resolve_device(str(device), f"device={str(device)!r}")
