@@ -54,6 +54,11 @@ def test_a_path_in_an_override_stays_one_directory_level(tmp_path):
     assert run_overrides(tmp_path / "x" / name, "x") == over
     long = dirname("dataset.source=" + "/abc" * 100)
     assert "/" not in long and len(long) == 120
+    # what Windows refuses in a file name, and its path separator
+    windows = 'dataset.source=C:\\data\\e8.zip,x="<a|b>?*",y=%3A'
+    name = dirname(windows)
+    assert name == "dataset.source=C%3A%5Cdata%5Ce8.zip,x=%22%3Ca%7Cb%3E%3F%2A%22,y=%253A"
+    assert undirname(name) == windows
 
 
 def test_registry_lists_what_exists_for_an_unknown_name():

@@ -335,6 +335,11 @@ class _ControllerStarter:
 class LocalLauncher(_ReportEachJob, plugin.LocalLauncher):
     def _start(self, job_overrides: Sequence[Sequence[str]],
                initial_job_idx: int) -> Sequence[JobReturn]:
+        if sys.platform == "win32":  # process groups and POSIX signals, here and in submitit
+            print("error: hydra/launcher=local needs Linux or macOS; on Windows leave it out: "
+                  "-m then runs the sweep's jobs one after another in this process",
+                  file=sys.stderr)
+            sys.exit(1)
         from unittest import mock
 
         from submitit.local import local

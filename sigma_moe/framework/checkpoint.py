@@ -37,7 +37,8 @@ def _atomic_open(path: Path) -> Iterator[BinaryIO]:
     """A file that appears at `path` only whole: temp file, fsync, rename (else removed)."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        os.fchmod(fd, _umask_mode())  # mkstemp makes 0600; give the usual permissions
+        os.chmod(tmp, _umask_mode())  # mkstemp makes 0600: the usual permissions (no fchmod
+        # on Windows before Python 3.13)
         with os.fdopen(fd, "wb") as f:
             yield f
             f.flush()

@@ -106,12 +106,18 @@ def _is_utf8(path: Path) -> bool:
 OVERRIDES = "overrides.yaml"  # in a run directory: the command-line overrides it ran with
 
 
+# written %XX in run directory names, `%` first: `/` and `\` would nest directories, and
+# Windows refuses the others in a file name (`dataset.source=C:\data\enwik8.zip`)
+_ESCAPED = '%/\\:*?"<>|'
+
+
 def dirname(overrides: str, limit: int = 120) -> str:
-    """Run directory name from the overrides: one directory, so a path in a value
-    (`dataset.source=/data/wt103`) has its `/` written `%2F` (and `%` `%25`; undone by
-    `undirname`); long ones are cut and suffixed with a hash (file names have a 255-byte
-    limit)."""
-    overrides = overrides.replace("%", "%25").replace("/", "%2F")
+    """Run directory name from the overrides: one directory whatever the values, so a path
+    in a value (`dataset.source=/data/wt103`) has its `/` written `%2F` (and `%` `%25`, and
+    `\\ : * ? " < > |` likewise; undone by `undirname`); long ones are cut and suffixed
+    with a hash (file names have a 255-byte limit)."""
+    for ch in _ESCAPED:
+        overrides = overrides.replace(ch, f"%{ord(ch):02X}")
     if len(overrides) <= limit:
         return overrides
     return f"{overrides[:limit - 13]}..{hashlib.sha256(overrides.encode()).hexdigest()[:11]}"
@@ -119,7 +125,9 @@ def dirname(overrides: str, limit: int = 120) -> str:
 
 def undirname(name: str) -> str:
     """The overrides a run directory's name was written from (`dirname`, uncut)."""
-    return name.replace("%2F", "/").replace("%25", "%")
+    for ch in reversed(_ESCAPED):
+        name = name.replace(f"%{ord(ch):02X}", ch)
+    return name
 
 
 def register_resolvers() -> None:

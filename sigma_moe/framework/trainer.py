@@ -65,8 +65,9 @@ from sigma_moe.framework.trainer_config import TrainerConfig
 @contextmanager
 def handling(names: tuple[str, ...], handler) -> Iterator[dict[int, Any]]:
     """`handler` for the signals `names` while the block runs; -> the handlers it replaced
-    (put back after)."""
-    previous = {getattr(signal, n): signal.signal(getattr(signal, n), handler) for n in names}
+    (put back after). Names this platform lacks (SIGUSR1 on Windows) are left out."""
+    previous = {getattr(signal, n): signal.signal(getattr(signal, n), handler) for n in names
+                if hasattr(signal, n)}
     try:
         yield previous
     finally:

@@ -8,6 +8,11 @@ from typing import Literal
 
 from sigma_moe.framework.config import ConfigError
 
+# POSIX signals that Windows lacks: named in preempt_signals there, they are not handled
+# (nothing sends them: no Slurm), rather than refused
+POSIX_ONLY = frozenset({"SIGUSR1", "SIGUSR2", "SIGHUP", "SIGQUIT", "SIGALRM", "SIGXCPU",
+                        "SIGCONT"})
+
 
 @dataclass(frozen=True)
 class TrainerConfig:
@@ -48,7 +53,8 @@ class TrainerConfig:
         if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
             raise ConfigError(f"trainer.betas must be two numbers in [0, 1), got "
                               f"{list(self.betas)}")
-        unknown = [n for n in self.preempt_signals if n not in signal.Signals.__members__]
+        unknown = [n for n in self.preempt_signals
+                   if n not in signal.Signals.__members__ and n not in POSIX_ONLY]
         if unknown:  # else a traceback once the data loaded and config.yaml was written
             raise ConfigError(f"trainer.preempt_signals: no signal {unknown[0]} here (known: "
                               f"e.g. SIGUSR1, SIGUSR2, SIGTERM)")

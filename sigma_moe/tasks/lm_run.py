@@ -67,12 +67,17 @@ def reset_peak_rss() -> None:
         pass
 
 
-def peak_rss_mb() -> float:
+def peak_rss_mb() -> float | None:
+    """This process's peak resident memory, MB; None where neither /proc nor `resource`
+    says (Windows)."""
     try:
         status = Path("/proc/self/status").read_text()
         return int(re.search(r"VmHWM:\s+(\d+) kB", status)[1]) / 1024
     except (OSError, TypeError):
-        import resource
+        try:
+            import resource
+        except ImportError:
+            return None
 
         scale = 2**20 if sys.platform == "darwin" else 1024
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / scale
@@ -167,14 +172,16 @@ def run(cfg: dict[str, Any], run_dir: Path) -> dict[str, Any] | None:
                                   f"{run_dir} does not fit this model ({first_line(e)})"
                                   ) from None
             trainer.load_progress(state)
-        peak_rss = max(all_gather_object(peak_rss_mb()))  # the largest process's (all ranks)
+        # the largest process's (all ranks); null where not known
+        peak_rss = max((p for p in all_gather_object(peak_rss_mb()) if p is not None),
+                       default=None)
         results: dict[str, Any] = {"name": cfg.get("name"), "metric": data.metric,
                                    "steps": trainer.step, "n_params": count,
                                    "config_hash": trainer.config_hash, "seed": trainer_cfg.seed,
                                    "ranks": dist_info.world_size,  # processes of the last leg
                                    "threads": torch.get_num_threads(),  # of the last leg too
                                    "train_seconds": round(trainer.train_seconds, 1),
-                                   "peak_rss_mb": round(peak_rss, 1),
+                                   "peak_rss_mb": None if peak_rss is None else round(peak_rss, 1),
                                    "code": code_version(trainer.code_fingerprints),
                                    "libraries": library_versions(),  # of the last leg
                                    "precision": trainer.precisions,  # of the training

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextvars
 import dataclasses
-import fcntl
 import hashlib
 import json
 import logging
@@ -42,6 +41,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+try:
+    import fcntl
+except ImportError:  # Windows: no flock (see file_lock)
+    fcntl = None
 
 from sigma_moe.framework.checkpoint import file_sha256
 from sigma_moe.framework.data.base import DataError
@@ -175,8 +179,13 @@ def _read_entry(path: Path) -> Entry | None:
 @contextmanager
 def file_lock(path: Path) -> Iterator[None]:
     """An exclusive flock; the lock file itself is never deleted (deleting it would let a
-    third process lock a fresh inode while the second still holds the old one)."""
+    third process lock a fresh inode while the second still holds the old one). Without
+    flock (Windows) nothing is locked: prepare an entry (scripts/prepare_data.py) before
+    starting several processes that read it."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    if fcntl is None:
+        yield
+        return
     with open(path, "a") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
         try:
