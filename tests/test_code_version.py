@@ -172,5 +172,8 @@ def test_library_versions_name_python_and_what_moves_numbers(monkeypatch):
     got = cv.library_versions()
     assert got["python"] == platform.python_version() and got["torch"] == torch.__version__
     assert set(got) == {"python", *cv.LIBRARIES}
+    # the build, which PyPI's CUDA wheel's metadata leaves out (it says 2.13.0 only)
+    monkeypatch.setattr(torch, "__version__", "2.13.0+cu130")
+    assert cv.library_versions()["torch"] == "2.13.0+cu130"
     monkeypatch.setattr(cv, "LIBRARIES", ("no-such-distribution",))
     assert cv.library_versions()["no-such-distribution"] is None

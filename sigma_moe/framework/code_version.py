@@ -93,5 +93,9 @@ def installed_version(name: str) -> str | None:
 def library_versions() -> dict[str, str | None]:
     """results.json's `libraries`: Python's version and those of LIBRARIES (None: not
     installed). The dependencies have open upper bounds: a run says what it ran with."""
+    import torch
+
+    # torch's own version names its build (2.13.0+cpu, 2.13.0+cu130); the metadata of PyPI's
+    # CUDA wheel says 2.13.0 only
     return {"python": platform.python_version(),
-            **{n: installed_version(n) for n in LIBRARIES}}
+            **{n: installed_version(n) for n in LIBRARIES}, "torch": torch.__version__}
