@@ -129,3 +129,48 @@ def test_a_checkpoint_moved_aside_takes_its_checksum_along(tmp_path):
     assert load_latest(tmp_path, warn=lambda m: None, repair=True) == {"step": 2}
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "checkpoint_00000002.pt", "checkpoint_00000002.pt.sha256", "checkpoint_00000004.pt.bad"]
+
+
+class _Payload:
+    """Pickles as a call of `open`: what a crafted checkpoint could run on loading."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return open, (self.marker, "w")
+
+
+@pytest.mark.parametrize("sidecar", [True, False])
+def test_a_checkpoint_that_would_run_code_is_not_loaded_and_stays(tmp_path, sidecar):
+    """weights_only: a shared run's checkpoint (load_trained) runs nothing on loading. The
+    file is whole, so it is neither moved aside nor passed over: the run stops in one line."""
+    from sigma_moe.framework.checkpoint import CheckpointUnloadable
+
+    marker = tmp_path / "ran"
+    save_checkpoint(tmp_path, 10, {"step": 10})
+    save_checkpoint(tmp_path, 20, {"step": 20, "x": _Payload(marker)})
+    if not sidecar:
+        (tmp_path / "checkpoint_00000020.pt.sha256").unlink()
+    before = sorted(p.name for p in tmp_path.iterdir())
+    with pytest.raises(CheckpointUnloadable) as e:
+        load_latest(tmp_path, warn=pytest.fail, repair=True)
+    assert not marker.exists()
+    assert str(e.value) == (
+        f"{tmp_path / 'checkpoint_00000020.pt'} holds a pickled io.open, which loading would "
+        f"call: not loaded (this framework's checkpoints hold tensors and plain values only); "
+        f"if you trust the file, load it with torch.load(weights_only=False)")
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+def test_numpy_rng_state_loads_with_weights_only(tmp_path):
+    import numpy as np
+    import torch
+
+    from sigma_moe.framework.runtime import rng_state
+
+    save_checkpoint(tmp_path, 1, {"rng": [rng_state()]})
+    got = load_latest(tmp_path)["rng"][0]
+    want = np.random.get_state()
+    assert got["numpy"][0] == want[0] and np.array_equal(got["numpy"][1], want[1])
+    assert torch.equal(got["torch"], torch.get_rng_state())

@@ -18,10 +18,17 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, BinaryIO
 
+import numpy as np
 import torch
 from tqdm import tqdm
 
 from sigma_moe.framework.config import first_line
+
+# Checkpoints load with weights_only=True: unpickling builds tensors and plain containers
+# and runs no code from the file, so a run someone shared is safe to open (load_trained).
+# Beyond those, a checkpoint holds numpy's RNG state, whose key array needs these.
+torch.serialization.add_safe_globals([np._core.multiarray._reconstruct, np.ndarray, np.dtype,
+                                      type(np.dtype(np.uint32))])
 
 CKPT_RE = re.compile(r"^checkpoint_(\d{8})\.pt$")
 
@@ -124,14 +131,24 @@ class CheckpointUnloadable(CheckpointError):
     steps since the one before."""
 
 
+# torch.load(weights_only=True)'s refusal of a global (a function or class) in the file
+_REFUSED = re.compile(r"GLOBAL (\S+) was not an allowed global")
+
+
 def load_checkpoint(path: Path) -> dict[str, Any]:
     sidecar = path.with_suffix(".pt.sha256")
     verified = sidecar.exists()
     if verified and file_sha256(path) != sidecar.read_text().strip():
         raise CheckpointError(f"{path.name}: checksum mismatch (truncated or corrupt)")
     try:
-        return torch.load(path, map_location="cpu", weights_only=False)
+        return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # unpickling errors come in many types
+        if code := _REFUSED.search(str(e)):  # not damage: the file asks to run code
+            raise CheckpointUnloadable(
+                f"{path} holds a pickled {code[1]}, which loading would call: not "
+                f"loaded (this framework's checkpoints hold tensors and plain values only); "
+                f"if you trust the file, load it with torch.load(weights_only=False)"
+            ) from None
         what = ": ".join(x for x in (type(e).__name__, first_line(e)) if x)
         if verified or isinstance(e, (MemoryError, ImportError, OSError)):
             raise CheckpointUnloadable(
