@@ -23,7 +23,7 @@ from sigma_moe.tasks import lm_run
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_a_run_trains_resumes_and_prepares_data_without_posix_only_modules(tmp_path):
+def test_a_run_trains_and_prepares_data_without_posix_only_modules(tmp_path):
     """The subword corpus built in 2 `spawn` processes into an unlocked cache, checkpoints
     written without fchmod, no SIGUSR1 to handle; the rerun finds the finished run."""
     cmd = [sys.executable, str(ROOT / "tests" / "windows_like.py"), "run.py",
