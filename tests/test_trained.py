@@ -5,7 +5,12 @@ import json
 import pytest
 import torch
 
-from sigma_moe.framework.checkpoint import CheckpointError, list_checkpoints
+from sigma_moe.framework.checkpoint import (
+    CheckpointError,
+    CheckpointUnloadable,
+    list_checkpoints,
+    save_checkpoint,
+)
 from sigma_moe.framework.config import ConfigError
 from sigma_moe.tasks import TASKS
 from sigma_moe.tasks.trained import load_trained
@@ -66,6 +71,33 @@ def test_bad_input_is_one_clear_error(run_dir, tmp_path):
     (empty / "config.yaml").write_text((run_dir / "config.yaml").read_text())
     with pytest.raises(CheckpointError, match="no valid checkpoint in .*; train the run first"):
         load_trained(empty, "cpu")
+
+
+class _Payload:  # pickles as a call of print: a checkpoint that would run code
+    def __reduce__(self):
+        return print, ("ran",)
+
+
+def test_a_checkpoint_that_would_run_code_or_is_damaged_is_named_once(run_dir, tmp_path):
+    """The run's newest checkpoint would call print: refused, named by its path (once), the
+    run directory as it was; a damaged file passed directly: named, with what to pass."""
+    import shutil
+
+    copy = tmp_path / "shared"
+    shutil.copytree(run_dir, copy)
+    state = torch.load(list_checkpoints(copy)[-1], weights_only=True)
+    evil = save_checkpoint(copy, 6, {**state, "x": _Payload()}, keep=0)
+    before = snapshot(copy)
+    for path in (copy, evil):
+        with pytest.raises(CheckpointUnloadable) as e:
+            load_trained(path, "cpu")
+        assert str(e.value).startswith(f"{evil} holds a pickled print, which ")
+    assert snapshot(copy) == before
+    damaged = copy / "checkpoint_00000008.pt"
+    damaged.write_bytes(b"not a checkpoint")
+    with pytest.raises(CheckpointError, match=f"^{damaged}: cannot be loaded .*; pass the run "
+                                              f"directory .* or another checkpoint$"):
+        load_trained(damaged, "cpu")
 
 
 def test_the_readme_example_runs(run_dir):

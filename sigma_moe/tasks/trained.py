@@ -12,8 +12,9 @@ and analysis scripts (scripts/analyze.py draws the paper's routing figures with 
 
 Nothing in the run directory changes (a training may be writing there). Bad input is a
 `ConfigError` (no config.yaml, a config this code cannot build), a `CheckpointError` (no
-valid checkpoint, weights that do not fit the config) or a `DataError` (the dataset is not
-prepared on this machine: the message says how to prepare it).
+valid checkpoint, weights that do not fit the config; `CheckpointUnloadable`: a whole
+checkpoint that does not load here, e.g. one whose pickle would run code) or a `DataError`
+(the dataset is not prepared on this machine: the message says how to prepare it).
 """
 from __future__ import annotations
 
@@ -26,7 +27,12 @@ from typing import Any
 
 import torch
 
-from sigma_moe.framework.checkpoint import CheckpointError, load_checkpoint, load_latest
+from sigma_moe.framework.checkpoint import (
+    CheckpointError,
+    CheckpointUnloadable,
+    load_checkpoint,
+    load_latest,
+)
 from sigma_moe.framework.config import ConfigError, first_line, from_dict
 from sigma_moe.framework.data import TokenData
 from sigma_moe.framework.runtime import resolve_device
@@ -142,7 +148,9 @@ def load(spec: RunSpec, device: torch.device, data: TokenData | None = None,
     path, run_dir = spec.path, spec.run_dir
     try:
         state = load_checkpoint(path) if path.is_file() else load_latest(run_dir, warn=note)
-    except CheckpointError as e:
+    except CheckpointUnloadable:  # whole, but not loadable here: its message names the file
+        raise
+    except CheckpointError as e:  # a damaged file, named by its file name
         raise CheckpointError(f"{run_dir}/{e}; pass the run directory (its newest valid "
                               f"checkpoint) or another checkpoint") from None
     if state is None:
