@@ -61,15 +61,27 @@ def test_preempt_signals_that_windows_lacks_are_accepted_and_not_handled(monkeyp
         assert list(replaced) == [signal.SIGTERM]
 
 
+class _NoProc:  # a Path whose /proc files do not exist (macOS, Windows)
+    def __init__(self, *a):
+        pass
+
+    def read_text(self):
+        raise FileNotFoundError("/proc/self/status")
+
+
+@pytest.mark.parametrize("platform,maxrss", [("darwin", 3 * 2**30), ("freebsd14", 3 * 2**20)])
+def test_peak_memory_without_proc_is_resources_in_its_units(monkeypatch, platform, maxrss):
+    """ru_maxrss is in bytes on macOS, in KB on the other Unixes: 3 GB either way."""
+    usage = types.SimpleNamespace(ru_maxrss=maxrss)
+    fake = types.SimpleNamespace(RUSAGE_SELF=0, getrusage=lambda who: usage)
+    monkeypatch.setattr(lm_run, "Path", _NoProc)
+    monkeypatch.setitem(sys.modules, "resource", fake)
+    monkeypatch.setattr(sys, "platform", platform)
+    assert lm_run.peak_rss_mb() == 3 * 1024
+
+
 def test_peak_memory_is_none_where_nothing_reports_it(monkeypatch):
-    class NoProc:  # a Path whose /proc files do not exist
-        def __init__(self, *a):
-            pass
-
-        def read_text(self):
-            raise FileNotFoundError("/proc/self/status")
-
-    monkeypatch.setattr(lm_run, "Path", NoProc)
+    monkeypatch.setattr(lm_run, "Path", _NoProc)
     monkeypatch.setitem(sys.modules, "resource", None)
     assert lm_run.peak_rss_mb() is None
 
