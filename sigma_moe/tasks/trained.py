@@ -19,7 +19,6 @@ checkpoint that does not load here, e.g. one whose pickle would run code) or a `
 from __future__ import annotations
 
 import dataclasses
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,13 +35,10 @@ from sigma_moe.framework.checkpoint import (
 from sigma_moe.framework.config import ConfigError, first_line, from_dict
 from sigma_moe.framework.data import TokenData
 from sigma_moe.framework.runtime import resolve_device
+from sigma_moe.framework.trainer import note as _note
 from sigma_moe.models.transformer_xl import TransformerXL, TransformerXLConfig
 from sigma_moe.tasks.lm import LMTask, LMTaskConfig, build_model_config, load_data
 from sigma_moe.tasks.lm_run import backend_problem
-
-
-def _note(line: str) -> None:
-    print(line, file=sys.stderr)
 
 
 @dataclass(frozen=True)
