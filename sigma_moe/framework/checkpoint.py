@@ -9,6 +9,7 @@ by the same argument and loads unverified.
 """
 from __future__ import annotations
 
+import codecs
 import hashlib
 import os
 import re
@@ -26,9 +27,11 @@ from sigma_moe.framework.config import first_line
 
 # Checkpoints load with weights_only=True: unpickling builds tensors and plain containers
 # and runs no code from the file, so a run someone shared is safe to open (load_trained).
-# Beyond those, a checkpoint holds numpy's RNG state, whose key array needs these.
+# Beyond those, a checkpoint holds numpy's RNG state, whose key array needs these. Its raw
+# bytes pickle (torch.save's protocol 2) as a call to _codecs.encode, which recent torch
+# allows by default and torch 2.4 does not.
 torch.serialization.add_safe_globals([np._core.multiarray._reconstruct, np.ndarray, np.dtype,
-                                      type(np.dtype(np.uint32))])
+                                      type(np.dtype(np.uint32)), codecs.encode])
 
 CKPT_RE = re.compile(r"^checkpoint_(\d{8})\.pt$")
 
@@ -131,8 +134,10 @@ class CheckpointUnloadable(CheckpointError):
     steps since the one before."""
 
 
-# torch.load(weights_only=True)'s refusal of a global (a function or class) in the file
-_REFUSED = re.compile(r"GLOBAL (\S+) was not an allowed global")
+# torch.load(weights_only=True)'s refusal of a global (a function or class) in the file; a
+# builtin is named without its module by recent torch (print), with it by torch 2.4
+# (builtins.print)
+_REFUSED = re.compile(r"GLOBAL (?:builtins\.)?(\S+) was not an allowed global")
 
 
 def load_checkpoint(path: Path) -> dict[str, Any]:
