@@ -247,6 +247,9 @@ def test_triton_interpreter_refused_where_it_cannot_run(monkeypatch):
     assert interpreter_problem("3.6.0", "2.3.5") is None
     assert interpreter_problem("3.7.1", "2.4.6") is None
     assert interpreter_problem("3.10.0+git1", "2.5.0rc1") is None
+    for triton_version in ("3.0.0", "3.1.0"):  # lose their stores with numpy 2
+        assert "writes nothing" in interpreter_problem(triton_version, "2.3.5")
+    assert interpreter_problem("3.2.0", "2.3.5") is None
     monkeypatch.setattr(kernels, "TRITON_INTERPRET", True)
     monkeypatch.setattr(kernels, "interpreter_problem", lambda: "numpy too new")
     with pytest.raises(ValueError, match="numpy too new"):

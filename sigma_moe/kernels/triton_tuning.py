@@ -43,11 +43,17 @@ def interpreter_problem(triton_version: str = triton.__version__,
     bound over one (`range(0, KD, ...)`) calls int() on it, which numpy 2.4 refuses
     ("only 0-dimensional arrays can be converted"). Measured: Triton 3.6.0 fails with numpy
     2.4.6 and passes with 2.3.5; Triton 3.7.1 passes with both. Only CPU runs are affected.
+    Older still, the interpreter of Triton 3.0 and 3.1 (torch 2.4, 2.5) loses every store
+    with numpy 2, which this project needs: a kernel leaves its output as it was, no error
+    (measured: 3.0.0 and 3.1.0 with numpy 2.3.5 and 2.4.6; 3.2.0 to 3.5.0 store).
     """
     if numpy_version is None:
         import numpy
 
         numpy_version = numpy.__version__
+    if minor_version(triton_version) < (3, 2) and minor_version(numpy_version) >= (2, 0):
+        return (f"the interpreter of Triton {triton_version} writes nothing with numpy "
+                f"{numpy_version} (needs Triton >= 3.2, pinned by torch >= 2.6): a newer torch")
     if minor_version(triton_version) < (3, 7) and minor_version(numpy_version) >= (2, 4):
         return (f"the interpreter of Triton {triton_version} cannot run with numpy "
                 f"{numpy_version}: pip install 'numpy<2.4' (or triton>=3.7)")
