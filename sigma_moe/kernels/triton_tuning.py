@@ -53,7 +53,7 @@ def interpreter_problem(triton_version: str = triton.__version__,
         numpy_version = numpy.__version__
     if minor_version(triton_version) < (3, 2) and minor_version(numpy_version) >= (2, 0):
         return (f"the interpreter of Triton {triton_version} writes nothing with numpy "
-                f"{numpy_version} (needs Triton >= 3.2, pinned by torch >= 2.6): a newer torch")
+                f"{numpy_version}: install torch >= 2.6 (with its Triton, 3.2 or newer)")
     if minor_version(triton_version) < (3, 7) and minor_version(numpy_version) >= (2, 4):
         return (f"the interpreter of Triton {triton_version} cannot run with numpy "
                 f"{numpy_version}: pip install 'numpy<2.4' (or triton>=3.7)")
