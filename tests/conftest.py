@@ -28,7 +28,7 @@ def pytest_collection_modifyitems(config, items):
                  if i.get_closest_marker("gpu") and not i.path.name.startswith(SEE_THE_GPU)]
     if elsewhere:
         raise pytest.UsageError(f"{elsewhere[0]} is marked gpu but its file does not see the "
-                                f"GPU: move it to a tests/test_kernels*.py file")
+                                f"GPU: move it to a tests/test_kernels*.py or test_bench_*.py file")
     if CUDA:
         return
     skip = pytest.mark.skip(reason="needs a CUDA device")
