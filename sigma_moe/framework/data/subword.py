@@ -93,7 +93,9 @@ def train_spm(texts: Iterable[str], s: SpmSettings, out: Path, desc: str = "") -
             # there is rather than fail; the vocab size is read back from the model
             hard_vocab_limit=False, minloglevel=2,
         )
-    except RuntimeError as e:  # SentencePiece raises what the iterator raised as "INTERNAL"
+    # SentencePiece raises what the iterator raised as "INTERNAL" (a RuntimeError); < 0.2.2
+    # as a SystemError ("returned a result with an exception set")
+    except (RuntimeError, SystemError) as e:
         if failed:  # the source failed (e.g. offline), not SentencePiece
             raise failed[0] from None
         raise DataError(f"{desc}: SentencePiece training failed: {e}") from None
