@@ -120,7 +120,10 @@ def without_thread_count(model: bytes) -> bytes:
         proto = sentencepiece_model_pb2.ModelProto()
         proto.ParseFromString(model)
     except Exception as e:  # ImportError, protobuf's VersionError: not the data's fault
-        log.debug("SentencePiece model kept with its thread count (%s)", e)
+        # the tokens are right; only the data version would differ between machines
+        log.warning("the SentencePiece model keeps its thread count, so its data version "
+                    "depends on this machine's core count: sentencepiece's model module does "
+                    "not load (%s); a newer protobuf fixes it", first_line(e))
         return model
     proto.trainer_spec.ClearField("num_threads")
     return proto.SerializeToString(deterministic=True)
