@@ -384,9 +384,13 @@ def test_expert_figures_need_a_moe_run(runs, tmp_path, monkeypatch, capsys):
         with pytest.raises(SystemExit) as e:
             analyze.main([str(runs / "dense"), "--layer", "2", "--out", str(tmp_path / "d")])
     assert e.value.code == 1
+    # every MoE variant registered (a user's own may be one: docs/extending.md's GLU is)
+    from sigma_moe.models.ffn import FFNS
+    moes = [k for k in FFNS.names() if analyze.has_experts(k)]
+    assert {"sbase", "sigma_moe", "switch"} <= set(moes) and "dense" not in moes
     assert capsys.readouterr().err == (
-        "error: --layer 2: the expert usage and co-occurrence figures need a MoE run (ffn "
-        "sbase, sigma_moe, switch), and no run given is one (ffn dense); without --layer: "
+        f"error: --layer 2: the expert usage and co-occurrence figures need a MoE run (ffn "
+        f"{', '.join(moes)}), and no run given is one (ffn dense); without --layer: "
         "the active channels of Fig. 1\n")
     assert not (tmp_path / "d" / "analysis.json").exists()
     paths = analyze.main([str(runs / "dense"), str(runs / "moe"), "--layer", "2",

@@ -30,14 +30,17 @@ def test_registry_refuses_duplicates_and_suggests():
         reg.register("sigma_moe")(object)
     with pytest.raises(RegistryError, match="Did you mean 'sigma_moe'"):
         reg.get("sigma_mo")
-    # a new variant's yaml alone registers nothing: the message says what does
+    # a new variant's yaml alone registers nothing: the message says what does (a name no
+    # variant will have: users add docs/extending.md's sigma_moe_glu, and others)
     with pytest.raises(RegistryError) as e:
-        FFNS.get("sigma_moe_glu")
+        FFNS.get("sigma_moe_mine")
     assert str(e.value) == (
-        "unknown ffn variant 'sigma_moe_glu'. Did you mean 'sigma_moe'? Known: dense, pkm, "
-        "sbase, sigma_moe, switch, topk. A new one: decorate its class with "
-        "@FFNS.register('sigma_moe_glu') and import its module in "
-        "sigma_moe/models/ffn/__init__.py.")
+        f"unknown ffn variant 'sigma_moe_mine'. Did you mean 'sigma_moe'? Known: "
+        f"{', '.join(FFNS.names())}. A new one: decorate its class with "
+        "@FFNS.register('sigma_moe_mine') and import its module in "
+        "sigma_moe/models/ffn/__init__.py; a typo: correct the `kind:` of its yaml in "
+        "configs/ffn/.")
+    assert {"dense", "sigma_moe", "switch"} <= set(FFNS.names())
 
 
 def test_a_path_in_an_override_stays_one_directory_level(tmp_path):
@@ -447,8 +450,11 @@ def test_from_dict_refuses_booleans_for_numbers_and_missing_keys():
         from_dict(SigmaMoEConfig, {**base, "k": True}, "ffn")
     with pytest.raises(ConfigError, match="^ffn.reg_gamma: "):
         from_dict(SigmaMoEConfig, {**base, "reg_gamma": True}, "ffn")
-    with pytest.raises(ConfigError, match="^ffn: .*missing.*expert_size"):
-        from_dict(SigmaMoEConfig, {k: v for k, v in base.items() if k != "expert_size"}, "ffn")
+    with pytest.raises(ConfigError) as e:
+        from_dict(SigmaMoEConfig, {k: v for k, v in base.items() if k not in ("k", "d_model")},
+                  "ffn")
+    assert str(e.value) == ("ffn: SigmaMoEConfig needs ffn.d_model, ffn.k: set them in the "
+                            "yaml that configures it or on the command line")
 
 
 def test_an_experiment_named_by_its_dataset_gets_suggestions():

@@ -2,6 +2,7 @@
 match the dense baseline's parameter count (docs/REFERENCE.md: within 1%)."""
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -34,6 +35,20 @@ def n_params(module: torch.nn.Module) -> int:
 
 def test_every_registered_variant_has_a_yaml_and_back():
     assert sorted(p.stem for p in FFN_DIR.glob("*.yaml")) == FFNS.names()
+
+
+# Config fields a yaml may leave out: derived from the others when not set
+DERIVED = {"d_ff"}  # ExpertsConfig: 0 = N_E * G
+
+
+@pytest.mark.parametrize("name", FFNS.names())
+def test_each_yaml_lists_every_field_of_its_config(name):
+    """docs/extending.md: a variant's yaml holds every field of its Config (one place to read
+    and sweep them all); a field left out would run at a default no file shows."""
+    keys = set(OmegaConf.load(FFN_DIR / f"{name}.yaml")) - {"kind"}
+    fields = {f.name for f in dataclasses.fields(FFNS.get(name).Config) if f.init}
+    assert keys <= fields  # (from_dict refuses the rest anyway)
+    assert not fields - keys - DERIVED, f"configs/ffn/{name}.yaml lacks {fields - keys - DERIVED}"
 
 
 @pytest.mark.parametrize("model, overrides", [

@@ -107,6 +107,13 @@ def from_dict(cls: type[C], data: Mapping[str, Any], where: str = "") -> C:
         if key not in fields:
             raise ConfigError(f"unknown config key {path!r}{did_you_mean(key, fields)}")
         kwargs[key] = _check_type(path, value, hints[key])
+    missing = [n for n, f in fields.items() if n not in kwargs
+               and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    if missing:  # TypeError's "missing 1 required positional argument" says not where
+        keys = ", ".join(f"{where}.{n}" if where else n for n in missing)
+        them = "it" if len(missing) == 1 else "them"
+        raise ConfigError(f"{where or cls.__name__}: {cls.__name__} needs {keys}: set {them} "
+                          f"in the yaml that configures it or on the command line")
     try:
         return cls(**kwargs)
     except TypeError as e:  # a required field is missing

@@ -9,7 +9,8 @@ from sigma_moe.framework.registry import Registry
 # sigma_moe/models/flops.py)
 FFNS: Registry = Registry(
     "ffn variant", "decorate its class with @FFNS.register({name!r}) and import its "
-    "module in sigma_moe/models/ffn/__init__.py", own_config=True)
+    "module in sigma_moe/models/ffn/__init__.py; a typo: correct the `kind:` of its yaml "
+    "in configs/ffn/", own_config=True)
 
 # fill the registry
 from sigma_moe.models.ffn import dense, pkm, sbase, sigma_moe, switch, topk  # noqa: E402,F401
