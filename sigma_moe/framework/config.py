@@ -116,7 +116,7 @@ def from_dict(cls: type[C], data: Mapping[str, Any], where: str = "") -> C:
                           f"in the yaml that configures it or on the command line")
     try:
         return cls(**kwargs)
-    except TypeError as e:  # a required field is missing
+    except TypeError as e:  # from a __post_init__ (a value of the wrong kind): one line too
         raise ConfigError(f"{where or cls.__name__}: {e}") from None
 
 
