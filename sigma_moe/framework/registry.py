@@ -19,9 +19,11 @@ class RegistryError(KeyError):
 
 
 class Registry(Generic[T]):
-    def __init__(self, what: str, how_to_add: str = "", own_config: bool = False):
+    def __init__(self, what: str, how_to_add: str = "", own_config: bool = False,
+                 yaml_dir: str = ""):
         self.what = what
         self.how_to_add = how_to_add  # "{name}" is the looked-up name
+        self.yaml_dir = yaml_dir  # where the `kind:` lines live (a typo there is the other cause)
         # entries are classes that carry their frozen dataclass as `Cls.Config`: each must
         # set its own (a subclass that forgets reads its parent's keys, silently)
         self.own_config = own_config
@@ -50,7 +52,12 @@ class Registry(Generic[T]):
         if name not in self._items:
             close = difflib.get_close_matches(name, self._items, n=3, cutoff=0.5)
             hint = f" Did you mean {', '.join(map(repr, close))}?" if close else ""
-            add = f" A new one: {self.how_to_add.format(name=name)}." if self.how_to_add else ""
+            add = ""
+            if self.how_to_add:
+                add = f" A new one: {self.how_to_add.format(name=name)}"
+                if self.yaml_dir:
+                    add += f"; a typo: correct the `kind:` of its yaml in {self.yaml_dir}"
+                add += "."
             raise RegistryError(f"unknown {self.what} {name!r}.{hint} Known: "
                                 f"{', '.join(sorted(self._items))}.{add}")
         return self._items[name]

@@ -7,8 +7,8 @@ from sigma_moe.framework.registry import Registry
 
 DATASETS: Registry = Registry(
     "dataset", "decorate its class with @DATASETS.register({name!r}) and import its "
-    "module in sigma_moe/framework/data/__init__.py; a typo: correct the `kind:` of its "
-    "yaml in configs/dataset/", own_config=True)
+    "module in sigma_moe/framework/data/__init__.py", own_config=True,
+    yaml_dir="configs/dataset/")
 
 from sigma_moe.framework.data import (  # noqa: E402,F401  (fill the registry)
     enwik8,

@@ -9,8 +9,7 @@ from sigma_moe.framework.registry import Registry
 # sigma_moe/models/flops.py)
 FFNS: Registry = Registry(
     "ffn variant", "decorate its class with @FFNS.register({name!r}) and import its "
-    "module in sigma_moe/models/ffn/__init__.py; a typo: correct the `kind:` of its yaml "
-    "in configs/ffn/", own_config=True)
+    "module in sigma_moe/models/ffn/__init__.py", own_config=True, yaml_dir="configs/ffn/")
 
 # fill the registry
 from sigma_moe.models.ffn import dense, pkm, sbase, sigma_moe, switch, topk  # noqa: E402,F401
