@@ -52,12 +52,10 @@ class Registry(Generic[T]):
         if name not in self._items:
             close = difflib.get_close_matches(name, self._items, n=3, cutoff=0.5)
             hint = f" Did you mean {', '.join(map(repr, close))}?" if close else ""
-            add = ""
-            if self.how_to_add:
-                add = f" A new one: {self.how_to_add.format(name=name)}"
-                if self.yaml_dir:
-                    add += f"; a typo: correct the `kind:` of its yaml in {self.yaml_dir}"
-                add += "."
+            typo = (f"; a typo: correct the `kind:` of its yaml in {self.yaml_dir}"
+                    if self.yaml_dir else "")
+            add = (f" A new one: {self.how_to_add.format(name=name)}{typo}."
+                   if self.how_to_add else "")
             raise RegistryError(f"unknown {self.what} {name!r}.{hint} Known: "
                                 f"{', '.join(sorted(self._items))}.{add}")
         return self._items[name]
